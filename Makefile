@@ -1,0 +1,41 @@
+# Tailrace developer entry points. `make run` and `make test` do all set-up themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.tailrace-installed
+PROTOS := $(wildcard protos/tailrace/v1/*.proto)
+GEN    := libs/tailrace/proto/control_pb2.py
+
+.PHONY: setup run test test-fast lint protos clean
+
+setup: $(STAMP) $(GEN)
+
+$(STAMP): pyproject.toml tools/install_system_deps.sh
+	bash tools/install_system_deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(GEN): $(PROTOS) tools/gen_protos.py $(STAMP)
+	$(PY) tools/gen_protos.py
+
+protos: $(STAMP)
+	$(PY) tools/gen_protos.py
+
+## Throwaway PostgreSQL, broker, Redis, NATS + the three services on a sample pipeline.
+## DURATION=60 makes it stop by itself.
+run: setup
+	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION))
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check libs services tests tools bench
+
+clean:
+	rm -rf $(VENV) .tailrace libs/tailrace/proto/*_pb2*.py libs/tailrace/proto/*_pb2*.pyi

@@ -1,0 +1,1 @@
+"""Tailrace shared library: event model, codecs, config, bus, logging. No service logic."""

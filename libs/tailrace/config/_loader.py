@@ -1,0 +1,138 @@
+"""Load a pipeline spec: parse, expand `${ENV}`, validate, and report every problem at once."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tailrace.config._env import expand
+from tailrace.config._model import PipelineSpec
+from tailrace.errors import ConfigError
+
+
+def load_pipeline(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> PipelineSpec:
+    """Read and validate the spec at `path`; raise `ConfigError` listing one line per problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the pipeline spec: {e.strerror}") from None
+    return parse_pipeline(text, source=str(p), env=env)
+
+
+def parse_pipeline(text: str, source: str = "<spec>", env: Mapping[str, str] | None = None
+                   ) -> PipelineSpec:
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected a mapping with apiVersion, kind, metadata, spec")
+    tree, missing = expand(tree, env)
+    problems = [
+        f"{source}: {field}: environment variable {var} is not set; export it or write the value"
+        for field, var in missing
+    ]
+    unset_fields = {field for field, _ in missing}
+    try:
+        spec = PipelineSpec.model_validate(tree)
+    except ValidationError as e:
+        for err in e.errors():
+            field = _field_path(err["loc"], tree)
+            if field in unset_fields:
+                continue  # already reported as an unset variable
+            problems.append(f"{source}: {field}: {_explain(err, tree)}")
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return spec
+
+
+def _field_path(loc: tuple[Any, ...], tree: Any) -> str:
+    """`spec.sinks[0].topic`; drops pydantic's union-tag steps (e.g. 'redis') from the path."""
+    parts: list[str] = []
+    node = tree
+    for step in loc:
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+            node = node[step] if isinstance(node, list) and step < len(node) else None
+        elif isinstance(node, dict) and step in node:
+            parts.append(f".{step}" if parts else str(step))
+            node = node[step]
+        elif isinstance(node, dict) and node.get("type") == step:
+            continue  # discriminated union tag
+        else:
+            parts.append(f".{step}" if parts else str(step))
+            node = None
+    return "".join(parts) or "<root>"
+
+
+def _model_at(loc: tuple[Any, ...], tree: Any) -> type[BaseModel] | None:
+    """The spec model that owns the last step of `loc`, to list its allowed fields."""
+    from tailrace.config import _model
+
+    model: Any = PipelineSpec
+    node = tree
+    for step in loc[:-1]:
+        if isinstance(step, int):
+            node = node[step] if isinstance(node, list) and step < len(node) else None
+            continue
+        if isinstance(node, dict) and node.get("type") == step and step not in node:
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(step)
+        if field is None:
+            return None
+        model = _resolve(field.annotation, node.get(step) if isinstance(node, dict) else None,
+                         _model)
+        node = node.get(step) if isinstance(node, dict) else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _resolve(annotation: Any, value: Any, module: Any) -> Any:
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _resolve(typing.get_args(annotation)[0], value, module)
+    if origin is list:
+        item = value[0] if isinstance(value, list) and value else None
+        return _resolve(typing.get_args(annotation)[0], item, module)
+    args = typing.get_args(annotation)
+    if args:  # a union: pick by the `type` tag when there is one
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        for m in models:
+            tag = m.model_fields.get("type")
+            if tag and isinstance(value, dict) and value.get("type") in typing.get_args(
+                    tag.annotation):
+                return m
+        return models[0] if len(models) == 1 else None
+    return annotation
+
+
+def _explain(err: Any, tree: Any) -> str:
+    kind, loc, msg = err["type"], err["loc"], err["msg"]
+    if kind == "extra_forbidden":
+        model = _model_at(loc, tree)
+        if model is not None:
+            allowed = sorted(model.model_fields)
+            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+            return f"unknown field{did_you_mean}; allowed: {', '.join(allowed)}"
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "union_tag_invalid" or kind == "literal_error":
+        return f"{msg.lower()}; got {err.get('input')!r}"
+    if kind == "union_tag_not_found":
+        return "field 'type' is missing; " + msg.split(".")[0].lower()
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) else f"; got {got!r}"
+    return f"{msg[0].lower()}{msg[1:]}{shown}"

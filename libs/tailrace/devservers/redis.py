@@ -1,0 +1,50 @@
+"""A throwaway Redis without persistence, for tests and `make run`."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import ClassVar
+
+from tailrace.devservers._base import DevServer
+from tailrace.devservers._process import find_binary, wait_until
+
+__all__ = ["RedisServer"]
+
+
+class RedisServer(DevServer):
+    """redis-server on 127.0.0.1:`port`; nothing is saved, so a restart starts empty."""
+
+    name: ClassVar[str] = "redis"
+
+    def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
+        super().__init__(port=port, startup_timeout=startup_timeout)
+        self.binary = find_binary(
+            "redis-server", package="redis-server", search_dirs=[Path("/usr/bin")]
+        )
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            "--daemonize", "no",
+        ]  # fmt: skip
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        import redis
+
+        def ping() -> None:
+            with redis.Redis(host=self.host, port=self.port, socket_timeout=2) as client:
+                client.ping()
+
+        wait_until(
+            ping, proc=proc, log_path=self.log_path, what="redis", timeout=self.startup_timeout
+        )

@@ -1,0 +1,47 @@
+"""The change event: typed values, deterministic ids, the bus codec and JSON envelopes."""
+
+from tailrace.events._codec import (
+    decode_record,
+    encode_epoch,
+    encode_event,
+    event_to_json_dict,
+    key_bytes,
+)
+from tailrace.events._ids import event_id, idempotency_key
+from tailrace.events._positions import position_key, position_le
+from tailrace.events._values import UNCHANGED_TOAST, python_of, value_of
+from tailrace.proto.event_pb2 import (
+    BusRecord,
+    ChangeEvent,
+    Column,
+    EpochMarker,
+    Op,
+    Position,
+    PostgresPosition,
+    Row,
+    Value,
+)
+
+__all__ = [
+    "UNCHANGED_TOAST",
+    "BusRecord",
+    "ChangeEvent",
+    "Column",
+    "EpochMarker",
+    "Op",
+    "Position",
+    "PostgresPosition",
+    "Row",
+    "Value",
+    "decode_record",
+    "encode_epoch",
+    "encode_event",
+    "event_id",
+    "event_to_json_dict",
+    "idempotency_key",
+    "key_bytes",
+    "position_key",
+    "position_le",
+    "python_of",
+    "value_of",
+]

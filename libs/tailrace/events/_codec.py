@@ -1,0 +1,91 @@
+"""Bus codec: every record on the internal topic is a serialized `BusRecord`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tailrace.events._values import json_of
+from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, EpochMarker, Op, Row
+
+
+def encode_event(event: ChangeEvent) -> bytes:
+    return BusRecord(event=event).SerializeToString()
+
+
+def encode_epoch(marker: EpochMarker) -> bytes:
+    return BusRecord(epoch=marker).SerializeToString()
+
+
+def decode_record(data: bytes) -> BusRecord:
+    record = BusRecord()
+    record.ParseFromString(data)
+    return record
+
+
+def key_bytes(event: ChangeEvent) -> bytes:
+    """The bus key: the primary key values, serialized, so one row stays in one partition."""
+    row = event.after if event.op in (Op.OP_INSERT, Op.OP_SNAPSHOT_READ) else event.before
+    if not event.key_columns or not row.columns:
+        row = event.after if event.after.columns else event.before
+    values = {c.name: json_of(c.value) for c in row.columns if c.name in set(event.key_columns)}
+    key = {"table": f"{event.database}.{event.schema + '.' if event.schema else ''}{event.table}",
+           "pk": values}
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def row_to_dict(row: Row) -> dict[str, Any] | None:
+    if not row.columns:
+        return None
+    return {c.name: json_of(c.value) for c in row.columns}
+
+
+_OP_NAMES = {
+    Op.OP_INSERT: "insert",
+    Op.OP_UPDATE: "update",
+    Op.OP_DELETE: "delete",
+    Op.OP_DDL: "ddl",
+    Op.OP_TRUNCATE: "truncate",
+    Op.OP_SNAPSHOT_READ: "read",
+}
+
+
+def op_name(op: int) -> str:
+    return _OP_NAMES.get(op, "unknown")
+
+
+def event_to_json_dict(event: ChangeEvent) -> dict[str, Any]:
+    """The native JSON envelope."""
+    pos = event.position
+    native = pos.WhichOneof("native")
+    position: dict[str, Any] = {"tx_seq": pos.tx_seq, "event_index": pos.event_index}
+    if native == "postgres":
+        position.update(
+            commit_lsn=pos.postgres.commit_lsn, event_lsn=pos.postgres.event_lsn,
+            timeline=pos.postgres.timeline,
+        )
+    elif native == "mysql":
+        position.update(
+            gtid=pos.mysql.gtid, gtid_set=pos.mysql.gtid_set, file=pos.mysql.file,
+            offset=pos.mysql.offset, server_id=pos.mysql.server_id,
+        )
+    return {
+        "id": event.id,
+        "source_id": event.source_id,
+        "tenant": event.tenant,
+        "database": event.database,
+        "schema": event.schema or None,
+        "table": event.table,
+        "op": op_name(event.op),
+        "before": row_to_dict(event.before),
+        "after": row_to_dict(event.after),
+        "key_columns": list(event.key_columns),
+        "ddl": event.ddl or None,
+        "tx": {"id": event.tx_id, "index": event.tx_index, "size": event.tx_size,
+               "end": event.tx_end},
+        "position": position,
+        "schema_version": event.schema_version,
+        "ts_source_us": event.ts_source_micros,
+        "ts_captured_us": event.ts_captured_micros,
+        "idempotency_key": event.idempotency_key,
+    }

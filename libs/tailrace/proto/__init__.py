@@ -1,0 +1,1 @@
+"""Protobuf and gRPC modules generated from protos/ by tools/gen_protos.py."""

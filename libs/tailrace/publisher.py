@@ -1,0 +1,129 @@
+"""Publishing to the internal topic: whole transactions, then epoch markers.
+
+Both capture services hand complete, stamped transactions to `BusPublisher`.
+It never drops: a full producer queue blocks the caller (backpressure up to
+the source), and a failed delivery raises so the capture service restarts
+from its checkpoint. After a transaction, at most every `epoch_ms`, a marker
+goes to every partition; once the broker has acknowledged them all, the
+marker offsets are recorded in the control service as the new epoch, which
+is what the delivery service plans its batches from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from tailrace.bus import partition_for, producer_config
+from tailrace.control_client import ControlClient
+from tailrace.errors import FatalError, RetryableError
+from tailrace.events import encode_epoch, encode_event, key_bytes
+from tailrace.proto import control_pb2
+from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
+
+
+class BusPublisher:
+    def __init__(self, brokers: str, topic: str, partitions: int, source_id: str,
+                 control: ControlClient, epoch_ms: int = 200) -> None:
+        self._producer = Producer(producer_config(brokers, f"tailrace-capture-{source_id}"))
+        self._topic = topic
+        self._partitions = partitions
+        self._source_id = source_id
+        self._control = control
+        self._epoch_s = epoch_ms / 1000
+        self._error: KafkaError | None = None
+        self._last_position: Position | None = None
+        self._epoch_pending = False
+        self._last_epoch_at = 0.0
+        latest = control.latest_epoch(source_id)
+        self._epoch_id = latest.epoch_id if latest else 0
+        self.events_published = 0
+        self.transactions_published = 0
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None and self._error is None:
+            self._error = err
+
+    def _check(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            if err.fatal():
+                raise FatalError(f"bus producer failed fatally: {err.str()}")
+            raise RetryableError(f"bus delivery failed: {err.str()}")
+
+    def _produce(self, key: bytes | None, value: bytes, partition: int) -> None:
+        while True:
+            try:
+                self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                       on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                # The local queue is full: wait for the broker instead of dropping.
+                self._producer.poll(0.1)
+                self._check()
+
+    def publish_transaction(self, events: Iterable[ChangeEvent]) -> None:
+        last = None
+        for event in events:
+            key = key_bytes(event)
+            self._produce(key, encode_event(event), partition_for(key, self._partitions))
+            self.events_published += 1
+            last = event
+        self._producer.poll(0)
+        self._check()
+        if last is None:
+            return
+        self.transactions_published += 1
+        self._last_position = last.position
+        self._epoch_pending = True
+        if time.monotonic() - self._last_epoch_at >= self._epoch_s:
+            self.emit_epoch()
+
+    def tick(self) -> None:
+        """Call when idle: closes a pending epoch once `epoch_ms` has passed."""
+        self._producer.poll(0)
+        self._check()
+        if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
+            self.emit_epoch()
+
+    def emit_epoch(self) -> None:
+        """Write a marker to every partition, wait for all acks, record the cut in control."""
+        if self._last_position is None:
+            return
+        self._epoch_id += 1
+        offsets: dict[int, int] = {}
+
+        def on_marker(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._on_delivery(err, msg)
+            else:
+                offsets[msg.partition()] = msg.offset() + 1
+
+        now_us = int(time.time() * 1_000_000)
+        for partition in range(self._partitions):
+            marker = EpochMarker(epoch_id=self._epoch_id, source_id=self._source_id,
+                                 position=self._last_position, partition=partition,
+                                 ts_micros=now_us)
+            while True:
+                try:
+                    self._producer.produce(self._topic, value=encode_epoch(marker), key=None,
+                                           partition=partition, on_delivery=on_marker)
+                    break
+                except BufferError:
+                    self._producer.poll(0.1)
+        remaining = self._producer.flush(30)
+        self._check()
+        if remaining or len(offsets) != self._partitions:
+            raise RetryableError(f"bus did not acknowledge epoch {self._epoch_id} within 30 s")
+        self._control.record_epoch(control_pb2.Epoch(
+            source_id=self._source_id, epoch_id=self._epoch_id, position=self._last_position,
+            end_offsets=offsets, ts_unix_ms=now_us // 1000))
+        self._epoch_pending = False
+        self._last_epoch_at = time.monotonic()
+
+    def close(self) -> None:
+        if self._epoch_pending:
+            self.emit_epoch()
+        self._producer.flush(10)

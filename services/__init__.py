@@ -1,0 +1,1 @@
+"""Tailrace services: one folder per service, each with its own entry point."""

@@ -1,0 +1,1 @@
+"""delivery: a PySpark Structured Streaming job that fans whole epochs out to the sinks."""

@@ -1,0 +1,67 @@
+"""What runs inside Spark's Python workers: one task delivers one bus partition's slice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from tailrace.config import PipelineSpec
+from tailrace.proto.event_pb2 import Position
+from tailrace_services.delivery.runtime import deliver_slice
+from tailrace_services.delivery.sinks import Sink, build_sink
+
+RESULT_SCHEMA = "partition int, end_offset long, epoch_position binary, events long, delivered string"
+
+# Sinks opened by this worker process, reused across batches (Spark reuses Python workers).
+_SINKS: dict[tuple[str, str], Sink] = {}
+
+
+def _sinks(pipeline: PipelineSpec) -> list[Sink]:
+    out = []
+    for spec in pipeline.spec.sinks:
+        key = (pipeline.name, spec.id)
+        if key not in _SINKS:
+            sink = build_sink(spec)
+            sink.open()
+            _SINKS[key] = sink
+        out.append(_SINKS[key])
+    return out
+
+
+def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
+                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions."""
+
+    def deliver(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        positions = {k: (Position.FromString(v) if v is not None else None)
+                     for k, v in checkpoints.items()}
+        records: list[tuple[int, bytes]] = []
+        partition = -1
+        for batch in batches:
+            cols = batch.to_pydict()
+            if cols["partition"]:
+                partition = cols["partition"][0]
+            records.extend(zip(cols["offset"], cols["value"], strict=True))
+        if partition < 0:
+            return
+        try:
+            result = deliver_slice(partition, records, _sinks(pipeline), positions)
+        except Exception:
+            for key in [k for k in _SINKS if k[0] == pipeline.name]:
+                _SINKS.pop(key).close()  # reconnect on the retry
+            raise
+        yield pa.RecordBatch.from_pylist([{
+            "partition": result.partition,
+            "end_offset": result.end_offset,
+            "epoch_position": (result.epoch_position.SerializeToString()
+                               if result.epoch_position is not None else None),
+            "events": result.events,
+            "delivered": json.dumps(result.delivered),
+        }], schema=pa.schema([
+            ("partition", pa.int32()), ("end_offset", pa.int64()),
+            ("epoch_position", pa.binary()), ("events", pa.int64()), ("delivered", pa.string()),
+        ]))
+
+    return deliver

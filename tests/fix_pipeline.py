@@ -1,0 +1,121 @@
+"""Fixtures that run a whole pipeline as real processes against the harness's servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from tailrace.devservers import free_port
+from tailrace_services.cli.supervisor import Child, Supervisor, service_argv
+from tailrace_services.cli.up import wait_for_port
+
+SPEC_TEMPLATE = """\
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {{name: {name}, tenant: {tenant}}}
+spec:
+  source:
+    type: postgres
+    id: {source_id}
+    dsn: "{dsn}"
+    tables: {tables}
+  sinks:
+    - {{id: {sink_id}, type: redis, url: "{redis}", stream: "{stream}"}}
+  bus: {{brokers: "{brokers}"}}
+  control: {{address: "127.0.0.1:{control_port}"}}
+  batch: {{max_ms: 200}}
+"""
+
+
+@dataclass
+class RunningPipeline:
+    """A pipeline's three services as processes, with their logs in `dir`."""
+
+    dir: Path
+    spec_path: Path
+    control_address: str
+    redis_url: str
+    stream: str
+    sup: Supervisor = field(default_factory=Supervisor)
+    procs: dict[str, Child] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        argv = {
+            "control": service_argv("tailrace-control", "--listen", self.control_address,
+                                    "--storage", f"sqlite:///{self.dir / 'control.db'}"),
+            "capture": service_argv("tailrace-capture", str(self.spec_path)),
+            "delivery": service_argv("tailrace-delivery", str(self.spec_path)),
+        }[name]
+        self.procs[name] = self.sup.start(name, argv, self.dir / f"{name}.log")
+        if name == "control":
+            wait_for_port(self.control_address)
+
+    def start_all(self) -> None:
+        for name in ("control", "capture", "delivery"):
+            self.start(name)
+
+    def kill(self, name: str) -> None:
+        """kill -9 the service and everything in its process group (the JVM too)."""
+        child = self.procs[name]
+        assert child.process is not None
+        os.killpg(child.process.pid, signal.SIGKILL)
+        child.process.wait(10)
+
+    def assert_running(self) -> None:
+        for name, child in self.procs.items():
+            assert child.process is not None
+            code = child.process.poll()
+            if code is not None:
+                raise AssertionError(f"{name} exited with {code}:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.dir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) \
+            if path.exists() else ""
+
+    def stream_entries(self, stream: str) -> list[dict[str, Any]]:
+        client = redis.Redis.from_url(self.redis_url)
+        return [json.loads(fields[b"event"]) for _, fields in client.xrange(stream)]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_running()
+            if predicate():
+                return
+            time.sleep(0.5)
+        logs = "\n".join(f"--- {n} ---\n{self.log_tail(n)}" for n in self.procs)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+
+
+@pytest.fixture
+def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_server: Any,
+                      request: pytest.FixtureRequest) -> Iterator[Callable[..., RunningPipeline]]:
+    """Factory: write a postgres -> redis spec for `pg_db` and return the (unstarted) pipeline."""
+    made: list[RunningPipeline] = []
+
+    def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}") -> RunningPipeline:
+        name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+        control_port = free_port()
+        spec_path = tmp_path / f"{name}.yaml"
+        spec_path.write_text(SPEC_TEMPLATE.format(
+            name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
+            sink_id="redis1", redis=redis_server.url, stream=stream,
+            brokers=kafka_broker.bootstrap, control_port=control_port))
+        p = RunningPipeline(dir=tmp_path, spec_path=spec_path,
+                            control_address=f"127.0.0.1:{control_port}",
+                            redis_url=redis_server.url, stream=stream)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.sup.stop(timeout=10)

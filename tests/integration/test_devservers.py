@@ -1,0 +1,203 @@
+"""The throwaway servers start, are configured as CDC needs, and survive kill/restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tailrace.devservers import (
+    DevServerError,
+    KafkaBroker,
+    MariaDBServer,
+    NatsServer,
+    PostgresServer,
+    RedisServer,
+    TcpProxy,
+)
+from tailrace.devservers._process import find_binary
+
+pytestmark = pytest.mark.integration
+
+
+def test_postgres_is_ready_for_logical_decoding(pg_server: PostgresServer, pg_db: str) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("INSERT INTO items VALUES (1, 'one')")
+        assert conn.execute("SELECT name FROM items").fetchall() == [("one",)]
+        assert conn.execute("SHOW wal_level").fetchone() == ("logical",)
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        row = conn.execute(
+            "SELECT slot_name FROM pg_create_logical_replication_slot('t_slot', 'pgoutput')"
+        ).fetchone()
+        assert row == ("t_slot",)
+    assert pg_server.dsn("x").startswith(f"postgresql://postgres@127.0.0.1:{pg_server.port}/")
+
+
+def test_postgres_replication_connection_is_allowed(pg_db: str) -> None:
+    with psycopg.connect(pg_db, autocommit=True, replication="database") as conn:
+        system_id = conn.execute("IDENTIFY_SYSTEM").fetchone()
+    assert system_id is not None and system_id[0]
+
+
+def test_postgres_keeps_committed_data_across_kill(
+    make_pg_server: Callable[..., PostgresServer],
+) -> None:
+    server = make_pg_server()
+    server.execute("CREATE TABLE t (id int)")
+    server.execute("INSERT INTO t VALUES (1), (2)")
+    old_pid = server.pid
+    server.kill()
+    assert not server.running
+    server.start()
+    assert server.pid != old_pid
+    assert server.execute("SELECT count(*) FROM t") == [(2,)]
+    server.restart()
+    assert server.execute("SELECT count(*) FROM t") == [(2,)]
+
+
+def test_postgres_stop_removes_its_dir(make_pg_server: Callable[..., PostgresServer]) -> None:
+    server = make_pg_server()
+    directory = server.dir
+    assert directory is not None and directory.is_dir()
+    server.stop()
+    assert not directory.exists()
+
+
+def test_mariadb_writes_a_full_row_binlog_with_gtids(mariadb_server: MariaDBServer) -> None:
+    settings = dict(
+        mariadb_server.execute(
+            "SELECT 'format', @@binlog_format UNION ALL SELECT 'image', @@binlog_row_image"
+            " UNION ALL SELECT 'metadata', @@binlog_row_metadata"
+            " UNION ALL SELECT 'log_bin', @@log_bin"
+            " UNION ALL SELECT 'strict', @@gtid_strict_mode"
+        )
+    )
+    assert settings == {
+        "format": "ROW",
+        "image": "FULL",
+        "metadata": "FULL",
+        "log_bin": "1",
+        "strict": "1",
+    }
+    mariadb_server.create_database("devshop")
+    mariadb_server.execute("CREATE TABLE devshop.items (id int PRIMARY KEY, name text)")
+    mariadb_server.execute("INSERT INTO devshop.items VALUES (1, 'one')")
+    [(gtid_pos,)] = mariadb_server.execute("SELECT @@gtid_binlog_pos")
+    assert gtid_pos.startswith("0-1-")
+    [(server_id,)] = mariadb_server.execute("SELECT @@server_id")
+    assert server_id == mariadb_server.server_id
+
+
+def test_mariadb_root_can_grant_replication_over_tcp(mariadb_server: MariaDBServer) -> None:
+    mariadb_server.execute("CREATE USER IF NOT EXISTS 'cdc'@'127.0.0.1' IDENTIFIED BY 'pw'")
+    mariadb_server.execute(
+        "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'cdc'@'127.0.0.1'"
+    )
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=mariadb_server.port, user="cdc", password="pw")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            assert cur.fetchall()
+    finally:
+        conn.close()
+
+
+def test_mariadb_server_id_and_kill(make_mariadb_server: Callable[..., MariaDBServer]) -> None:
+    server = make_mariadb_server(server_id=7)
+    server.execute("CREATE DATABASE d")
+    server.execute("CREATE TABLE d.t (id int PRIMARY KEY)")
+    server.execute("INSERT INTO d.t VALUES (1)")
+    server.kill()
+    server.start()
+    assert server.execute("SELECT count(*) FROM d.t") == [(1,)]
+    [(gtid_pos,)] = server.execute("SELECT @@gtid_binlog_pos")
+    assert gtid_pos.startswith("0-7-")
+
+
+def test_redis_stream_round_trip(redis_server: RedisServer) -> None:
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.xadd("devservers", {"k": "v"})
+        client.xadd("devservers", {"k": "w"})
+        assert client.xlen("devservers") == 2
+
+
+def test_nats_jetstream_round_trip(nats_server: NatsServer) -> None:
+    import nats
+
+    async def round_trip() -> int:
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="DEVSERVERS", subjects=["devservers.>"])
+            await js.publish("devservers.a", b"one")
+            await js.publish("devservers.b", b"two")
+            info = await js.stream_info("DEVSERVERS")
+            return int(info.state.messages)
+        finally:
+            await nc.close()
+
+    assert asyncio.run(round_trip()) == 2
+
+
+def test_kafka_produce_and_consume(kafka_broker: KafkaBroker) -> None:
+    kafka_broker.create_topic("devservers", partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for i in range(3):
+        producer.produce("devservers", key=b"k", value=f"m{i}".encode())
+    assert producer.flush(10) == 0
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "group.id": "devservers",
+            "session.timeout.ms": 6000,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition("devservers", 0, OFFSET_BEGINNING)])
+        values: list[bytes] = []
+        for _ in range(100):
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value())
+            if len(values) == 3:
+                break
+    finally:
+        consumer.close()
+    assert values == [b"m0", b"m1", b"m2"]
+
+
+def test_tcp_proxy_cut_and_restore(
+    redis_server: RedisServer, tcp_proxy: Callable[..., TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    no_retry = Retry(NoBackoff(), retries=0)
+    client = redis.Redis(port=proxy.port, socket_timeout=2, retry=no_retry)
+    try:
+        client.set("proxied", "1")
+        assert client.get("proxied") == b"1"
+        proxy.cut()
+        with pytest.raises(redis.ConnectionError):
+            client.get("proxied")
+        with pytest.raises(redis.ConnectionError):
+            client.ping()  # new connections are refused, not hung
+        proxy.restore()
+        assert client.get("proxied") == b"1"
+    finally:
+        client.close()
+
+
+def test_missing_binary_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(DevServerError, match="make setup.*Debian package redis-server"):
+        find_binary("redis-server", package="redis-server", search_dirs=[tmp_path])
