@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+
 from tailrace.devservers import free_port
 from tailrace_services.cli.supervisor import Child, Supervisor, service_argv
 from tailrace_services.cli.up import wait_for_port
@@ -61,6 +62,12 @@ class RunningPipeline:
     def start_all(self) -> None:
         for name in ("control", "capture", "delivery"):
             self.start(name)
+        self.wait_capture_streaming()
+
+    def wait_capture_streaming(self, timeout: float = 60) -> None:
+        """Changes made before the slot exists are not captured: wait for the stream to start."""
+        self.wait_for(lambda: '"event": "streaming"' in (self.dir / "capture.log").read_text(),
+                      timeout, "capture to start streaming")
 
     def kill(self, name: str) -> None:
         """kill -9 the service and everything in its process group (the JVM too)."""

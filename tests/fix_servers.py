@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from typing import Any, TypeVar
 
 import pytest
+
 from tailrace.devservers import (
     DevServer,
     KafkaBroker,
@@ -76,7 +77,9 @@ def _factory(cls: type[S]) -> Iterator[Callable[..., S]]:
     with ExitStack() as stack:
 
         def make(**kwargs: Any) -> S:
-            return stack.enter_context(cls(**kwargs))
+            server = cls(**kwargs)
+            stack.enter_context(server)
+            return server
 
         yield make
 

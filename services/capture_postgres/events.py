@@ -7,9 +7,17 @@ import json
 import time
 from typing import Any
 
-from tailrace.events import ChangeEvent, Column, Op, Position, PostgresPosition, Row, value_of
+from tailrace.events import (
+    ChangeEvent,
+    Column,
+    Op,
+    Position,
+    PostgresPosition,
+    Row,
+    idempotency_key,
+    value_of,
+)
 from tailrace.events import event_id as make_event_id
-from tailrace.events import idempotency_key
 from tailrace_services.capture_postgres.decoder import Relation
 
 

@@ -7,6 +7,7 @@ and the supervisor reports which one and where its log is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,10 +71,8 @@ class Supervisor:
 def _signal_group(child: Child, sig: int) -> None:
     if child.process is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def service_argv(script: str, *args: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 
@@ -32,36 +33,43 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
 
 def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
                     ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions."""
+    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions.
 
-    def deliver(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        positions = {k: (Position.FromString(v) if v is not None else None)
-                     for k, v in checkpoints.items()}
-        records: list[tuple[int, bytes]] = []
-        partition = -1
-        for batch in batches:
-            cols = batch.to_pydict()
-            if cols["partition"]:
-                partition = cols["partition"][0]
-            records.extend(zip(cols["offset"], cols["value"], strict=True))
-        if partition < 0:
-            return
-        try:
-            result = deliver_slice(partition, records, _sinks(pipeline), positions)
-        except Exception:
-            for key in [k for k in _SINKS if k[0] == pipeline.name]:
-                _SINKS.pop(key).close()  # reconnect on the retry
-            raise
-        yield pa.RecordBatch.from_pylist([{
-            "partition": result.partition,
-            "end_offset": result.end_offset,
-            "epoch_position": (result.epoch_position.SerializeToString()
-                               if result.epoch_position is not None else None),
-            "events": result.events,
-            "delivered": json.dumps(result.delivered),
-        }], schema=pa.schema([
-            ("partition", pa.int32()), ("end_offset", pa.int64()),
-            ("epoch_position", pa.binary()), ("events", pa.int64()), ("delivered", pa.string()),
-        ]))
+    A partial of a module-level function, so Spark pickles it by reference.
+    """
+    return functools.partial(deliver_batches, pipeline, checkpoints)
 
-    return deliver
+
+def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
+                    batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    positions = {k: (Position.FromString(v) if v is not None else None)
+                 for k, v in checkpoints.items()}
+    records: list[tuple[int, bytes]] = []
+    partition = -1
+    for batch in batches:
+        cols = batch.to_pydict()
+        if cols["partition"]:
+            partition = cols["partition"][0]
+        records.extend(zip(cols["offset"], cols["value"], strict=True))
+    if partition < 0:
+        return
+    try:
+        result = deliver_slice(partition, records, _sinks(pipeline), positions)
+    except Exception:
+        for key in [k for k in _SINKS if k[0] == pipeline.name]:
+            _SINKS.pop(key).close()  # reconnect on the retry
+        raise
+    yield pa.RecordBatch.from_pylist([{
+        "partition": result.partition,
+        "end_offset": result.end_offset,
+        "epoch_position": (result.epoch_position.SerializeToString()
+                           if result.epoch_position is not None else None),
+        "events": result.events,
+        "delivered": json.dumps(result.delivered),
+    }], schema=_RESULT_ARROW)
+
+
+_RESULT_ARROW = pa.schema([
+    ("partition", pa.int32()), ("end_offset", pa.int64()), ("epoch_position", pa.binary()),
+    ("events", pa.int64()), ("delivered", pa.string()),
+])

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tailrace.config import PipelineSpec
@@ -90,8 +91,8 @@ class BatchCommitter:
                     f"{self.pipeline.name}?")
 
 
-def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None
-        ) -> None:
+def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
+        stop_when: Callable[[], bool] | None = None) -> None:
     """Run the streaming query until it fails fatally (raises) or the process is stopped."""
     control = ControlClient(pipeline.spec.control.address)
     committer = BatchCommitter(pipeline, control)
@@ -131,11 +132,14 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                      .start())
             log.info("delivery running", pipeline=pipeline.name, master=master,
                      sinks=committer.sink_ids)
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
-            query.awaitTermination(timeout)
-            if deadline is not None and time.monotonic() >= deadline:
+            while query.isActive:
+                if query.awaitTermination(0.5) or (stop_when is not None and stop_when()) or (
+                        deadline is not None and time.monotonic() >= deadline):
+                    break
+            if query.isActive:
                 query.stop()
                 return
+            query.awaitTermination()  # raises the query's error
             delay = 1.0
         except Exception as e:  # a failed query is restarted from the control checkpoints
             text = str(e)

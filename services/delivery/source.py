@@ -59,7 +59,7 @@ class BusStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.brokers = options["brokers"]
         self.topic = options["topic"]
-        self.partitions = int(options.get("partitions", "1"))
+        self.num_partitions = int(options.get("partitions", "1"))
         self.control_address = options["control"]
         self.source_id = options["source_id"]
         self.sink_ids = [s for s in options.get("sink_ids", "").split(",") if s]
@@ -74,7 +74,7 @@ class BusStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict:
         cp = self._client().minimum_checkpoint(self.source_id, self.sink_ids)
-        start = {p: 0 for p in range(self.partitions)}
+        start = {p: 0 for p in range(self.num_partitions)}
         if cp is not None:
             start.update(_offsets(dict(cp.bus_offsets)))
         return {str(p): o for p, o in start.items()}
@@ -86,11 +86,11 @@ class BusStreamReader(DataSourceStreamReader):
             return {str(p): o for p, o in begin.items()}
         end = _offsets(dict(epoch.end_offsets))
         # Never behind the start: an epoch older than a sink checkpoint plans nothing.
-        return {str(p): max(end.get(p, 0), begin.get(p, 0)) for p in range(self.partitions)}
+        return {str(p): max(end.get(p, 0), begin.get(p, 0)) for p in range(self.num_partitions)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         s, e = _offsets(start), _offsets(end)
-        return [BusPartition(p, s.get(p, 0), e.get(p, 0)) for p in range(self.partitions)
+        return [BusPartition(p, s.get(p, 0), e.get(p, 0)) for p in range(self.num_partitions)
                 if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

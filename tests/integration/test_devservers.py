@@ -12,6 +12,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
 from tailrace.devservers import (
     DevServerError,
     KafkaBroker,
@@ -128,6 +129,16 @@ def test_redis_stream_round_trip(redis_server: RedisServer) -> None:
         client.xadd("devservers", {"k": "v"})
         client.xadd("devservers", {"k": "w"})
         assert client.xlen("devservers") == 2
+
+
+def test_redis_restart_starts_empty(make_redis_server: Callable[..., RedisServer]) -> None:
+    server = make_redis_server()
+    with redis.Redis.from_url(server.url) as client:
+        client.set("k", "v")
+    server.kill()
+    server.start()
+    with redis.Redis.from_url(server.url) as client:
+        assert client.get("k") is None  # no persistence, by design
 
 
 def test_nats_jetstream_round_trip(nats_server: NatsServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.checkpoints import CheckpointStore
 from tailrace_services.control.storage import MemoryStorage, SqliteStorage

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tailrace.config import load_pipeline, parse_pipeline
 from tailrace.errors import ConfigError
 

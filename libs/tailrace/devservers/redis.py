@@ -40,9 +40,13 @@ class RedisServer(DevServer):
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        no_retry = Retry(NoBackoff(), retries=0)  # we poll ourselves; its backoff adds ~1 s
 
         def ping() -> None:
-            with redis.Redis(host=self.host, port=self.port, socket_timeout=2) as client:
+            with redis.Redis(self.host, self.port, socket_timeout=2, retry=no_retry) as client:
                 client.ping()
 
         wait_until(

@@ -1,0 +1,358 @@
+"""Logical streaming replication over libpq (psycopg 3's `pq` layer, no psycopg2).
+
+psycopg's high-level `Connection` has no COPY_BOTH support, so this talks to
+`psycopg.pq.PGconn` directly: replication commands through `exec_`, then
+`START_REPLICATION ... LOGICAL` turns the connection into a COPY_BOTH stream of
+CopyData messages: 'w' (XLogData, carrying one pgoutput message) and 'k' (primary
+keepalive) from the server, 'r' (standby status update) from us.
+
+The session pins the settings that change how values are printed (TimeZone=UTC,
+DateStyle=ISO, bytea_output=hex, extra_float_digits=3, client_encoding=UTF8),
+because pgoutput sends text produced with the walsender's own settings.
+
+Errors say what the caller should do (`tailrace.errors`): connection trouble and a
+server that ends the stream are `RetryableError`, a missing slot `SlotMissingError`,
+authentication and privileges `NonRetryableError`, an invalidated slot
+`PositionLostError`. Messages are passed through `redact`: no password in them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import selectors
+import struct
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NoReturn, Self
+
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tailrace.errors import ConfigError, NonRetryableError, PositionLostError, RetryableError
+from tailrace.logs import redact
+from tailrace_services.capture_postgres.decoder import PG_EPOCH_US
+
+__all__ = [
+    "ReplicationConnection",
+    "SlotMissingError",
+    "SystemIdentity",
+    "XLogData",
+    "lsn_to_str",
+    "str_to_lsn",
+]
+
+_SESSION_OPTIONS = (
+    "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex"
+    " -c extra_float_digits=3 -c IntervalStyle=postgres"
+)
+_XLOG_HEADER = struct.Struct(">QQq")  # after 'w': data start, wal end, send time
+_KEEPALIVE = struct.Struct(">Qq?")  # after 'k': wal end, send time, reply requested
+_STATUS = struct.Struct(">cQQQq?")  # 'r', written, flushed, applied, client time, reply
+_RESEND_AFTER_S = 1.0  # an unchanged status is sent again at most this often
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+# Connection-time failures carry no SQLSTATE in libpq: recognise the permanent ones.
+_PERMANENT_CONNECT_ERRORS = (
+    "authentication failed",  # password, SCRAM, peer, ident, ...
+    "no pg_hba.conf entry",
+    "no password supplied",
+    "pg_hba.conf rejects",
+    "does not exist",  # role or database
+    "permission denied",
+    "must be superuser or replication role",
+    "must have replication",
+)
+
+
+class SlotMissingError(RetryableError):
+    """The replication slot does not exist (dropped, or never created): create it or resnapshot."""
+
+    def __init__(self, message: str, slot: str) -> None:
+        super().__init__(message)
+        self.slot = slot
+
+
+@dataclass(frozen=True, slots=True)
+class SystemIdentity:
+    """IDENTIFY_SYSTEM: the cluster (`system_id`), its timeline and the current WAL end."""
+
+    system_id: str
+    timeline: int
+    xlogpos: int
+    dbname: str
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    """One 'w' message; `send_time_us` is the server's clock in Unix microseconds."""
+
+    data_start: int
+    wal_end: int
+    send_time_us: int
+    payload: bytes
+
+
+def lsn_to_str(lsn: int) -> str:
+    """64-bit LSN -> PostgreSQL's `X/Y` text form (e.g. `0/16B3748`)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def str_to_lsn(text: str) -> int:
+    """`X/Y` -> 64-bit LSN; ValueError names the value when it is not an LSN."""
+    high, sep, low = text.strip().partition("/")
+    try:
+        if not sep or not high or not low or len(high) > 8 or len(low) > 8:
+            raise ValueError
+        return (int(high, 16) << 32) | int(low, 16)
+    except ValueError:
+        raise ValueError(f"invalid LSN {text!r}: expected hex X/Y like 0/16B3748") from None
+
+
+def _replication_conninfo(dsn: str, connect_timeout: float) -> str:
+    """The DSN (URI or key=value) with replication=database and our session settings."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception as exc:  # psycopg.ProgrammingError: libpq could not parse it
+        raise ConfigError(redact(f"invalid PostgreSQL DSN: {exc}")) from None
+    user_options = str(params.get("options") or "")
+    params["options"] = f"{_SESSION_OPTIONS} {user_options}".strip()
+    params["replication"] = "database"
+    params["client_encoding"] = "UTF8"
+    params["connect_timeout"] = max(2, math.ceil(connect_timeout))
+    params.setdefault("application_name", "tailrace-capture")
+    return make_conninfo("", **params)
+
+
+class ReplicationConnection:
+    """One walsender connection (replication=database): commands, then one logical stream.
+
+    `read()` hands out XLogData and answers keepalives itself; the caller reports
+    progress with `send_status()`, which only confirms what it is told (never the
+    server's wal_end), so the slot keeps every change not yet flushed downstream.
+    """
+
+    def __init__(self, dsn: str, connect_timeout: float = 10) -> None:
+        conninfo = _replication_conninfo(dsn, connect_timeout)
+        pgconn = pq.PGconn.connect(conninfo.encode())
+        if pgconn.status != pq.ConnStatus.OK:
+            message = _text(pgconn.error_message).strip() or "unknown error"
+            pgconn.finish()
+            text = redact(f"cannot connect to PostgreSQL for replication: {message}")
+            if any(marker in message for marker in _PERMANENT_CONNECT_ERRORS):
+                raise NonRetryableError(text)
+            raise RetryableError(text)
+        self._pgconn: pq.PGconn | None = pgconn
+        self._selector: selectors.BaseSelector | None = None
+        self._streaming = False
+        self._written = 0
+        self._flushed = 0
+        self._sent: tuple[int, int] = (-1, -1)
+        self._sent_at = 0.0
+        self.server_wal_end = 0
+        """Latest WAL end the server reported (XLogData or keepalive); 0 before any."""
+
+    # -- commands ------------------------------------------------------------------
+
+    def identify_system(self) -> SystemIdentity:
+        result = self._command(b"IDENTIFY_SYSTEM", pq.ExecStatus.TUPLES_OK, "IDENTIFY_SYSTEM")
+        system_id, timeline, xlogpos, dbname = (result.get_value(0, i) for i in range(4))
+        return SystemIdentity(
+            system_id=_text(system_id),
+            timeline=int(_text(timeline)),
+            xlogpos=str_to_lsn(_text(xlogpos)),
+            dbname=_text(dbname),
+        )
+
+    def create_slot(self, slot: str) -> int | None:
+        """Create a logical slot with pgoutput; its consistent LSN, or None if it exists."""
+        _check_slot_name(slot)
+        command = f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+        result = self._exec(command.encode())
+        if result.status == pq.ExecStatus.FATAL_ERROR and _sqlstate(result) == "42710":
+            return None  # duplicate_object
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            self._raise(result, f"creating replication slot {slot}", slot)
+        return str_to_lsn(_text(result.get_value(0, 1)))
+
+    def start(self, slot: str, publication: str, start_lsn: int = 0) -> None:
+        """START_REPLICATION of `slot` for `publication` (pgoutput proto 1): enter COPY_BOTH.
+
+        The server resumes at the slot's confirmed_flush_lsn or `start_lsn`,
+        whichever is later.
+        """
+        _check_slot_name(slot)
+        if self._streaming:
+            raise RuntimeError("the stream is already started: one per connection")
+        publications = '"' + publication.replace('"', '""') + '"'
+        publications = publications.replace("'", "''")
+        command = (
+            f"START_REPLICATION SLOT {slot} LOGICAL {lsn_to_str(start_lsn)}"
+            f" (proto_version '1', publication_names '{publications}')"
+        )
+        result = self._exec(command.encode())
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            self._raise(result, f"starting replication from slot {slot}", slot)
+        self._streaming = True
+        self._written = self._flushed = start_lsn
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._conn().socket, selectors.EVENT_READ)
+
+    # -- the stream ----------------------------------------------------------------
+
+    def read(self, timeout: float) -> XLogData | None:
+        """The next XLogData, or None when none arrived within `timeout` seconds.
+
+        Keepalives are consumed here; one that asks for a reply is answered at once
+        with the positions last given to `send_status`.
+        """
+        pgconn = self._stream_conn()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                size, data = pgconn.get_copy_data(1)
+            except Exception as exc:  # OperationalError: the stream broke
+                self._raise_lost(str(exc))
+            if size > 0:
+                kind = data[0]
+                if kind == 0x77:  # 'w'
+                    start, wal_end, sent = _XLOG_HEADER.unpack_from(data, 1)
+                    self.server_wal_end = max(self.server_wal_end, wal_end)
+                    return XLogData(start, wal_end, sent + PG_EPOCH_US, bytes(data[25:]))
+                if kind == 0x6B:  # 'k'
+                    wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
+                    self.server_wal_end = max(self.server_wal_end, wal_end)
+                    if reply:
+                        self._send_status_now(reply=False)
+                continue
+            if size == -1:  # the server ended the COPY: fetch its reason
+                self._streaming = False
+                self._raise(pgconn.get_result(), "streaming", None)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            assert self._selector is not None
+            if not self._selector.select(remaining):
+                return None
+            try:
+                pgconn.consume_input()
+            except Exception as exc:  # OperationalError: connection lost
+                self._raise_lost(str(exc))
+
+    def send_status(self, written_lsn: int, flushed_lsn: int, reply: bool = False) -> None:
+        """Standby status update: write=`written_lsn`, flush=apply=`flushed_lsn`.
+
+        Cheap enough to call on every message: positions only move forward, and an
+        update equal to the last one sent is skipped unless a second has passed or
+        `reply` asks the server to answer with a keepalive.
+        """
+        self._stream_conn()
+        self._written = max(self._written, written_lsn, flushed_lsn)
+        self._flushed = max(self._flushed, flushed_lsn)
+        if (
+            not reply
+            and self._sent == (self._written, self._flushed)
+            and time.monotonic() - self._sent_at < _RESEND_AFTER_S
+        ):
+            return
+        self._send_status_now(reply)
+
+    def _send_status_now(self, reply: bool) -> None:
+        pgconn = self._stream_conn()
+        now_us = time.time_ns() // 1000 - PG_EPOCH_US
+        message = _STATUS.pack(b"r", self._written, self._flushed, self._flushed, now_us, reply)
+        try:
+            pgconn.put_copy_data(message)
+            pgconn.flush()
+        except Exception as exc:  # OperationalError: connection lost
+            self._raise_lost(str(exc))
+        self._sent = (self._written, self._flushed)
+        self._sent_at = time.monotonic()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        if self._pgconn is not None:
+            self._pgconn.finish()
+            self._pgconn = None
+        self._streaming = False
+
+    @property
+    def closed(self) -> bool:
+        return self._pgconn is None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _conn(self) -> pq.PGconn:
+        if self._pgconn is None:
+            raise RuntimeError("the replication connection is closed")
+        return self._pgconn
+
+    def _stream_conn(self) -> pq.PGconn:
+        if not self._streaming:
+            raise RuntimeError("no stream: call start() first (or the stream ended)")
+        return self._conn()
+
+    def _exec(self, command: bytes) -> pq.PGresult:
+        if self._streaming:
+            raise RuntimeError("replication commands cannot run while streaming")
+        # A lost connection gives a FATAL_ERROR result without SQLSTATE: retryable.
+        return self._conn().exec_(command)
+
+    def _command(self, command: bytes, expected: pq.ExecStatus, what: str) -> pq.PGresult:
+        result = self._exec(command)
+        if result.status != expected:
+            self._raise(result, what, None)
+        return result
+
+    def _raise(self, result: pq.PGresult | None, what: str, slot: str | None) -> NoReturn:
+        """Classify a failed command or a stream the server ended (SQLSTATE first)."""
+        sqlstate = _sqlstate(result) if result is not None else ""
+        message = _text(result.error_message) if result is not None else ""
+        if not message:
+            message = _text(self._conn().error_message) or "the server closed the stream"
+        text = redact(f"{what} failed: {message.strip()}")
+        if "invalidated" in message or "has already been removed" in message:
+            raise PositionLostError(redact(message.strip()))
+        if sqlstate == "42704" and "replication slot" in message:
+            raise SlotMissingError(text, slot or "")
+        if sqlstate.startswith("28") or sqlstate in ("42501", "3D000"):
+            raise NonRetryableError(text)
+        if sqlstate.startswith("42") or sqlstate == "55000":
+            # bad command, missing publication, wal_level too low, slot of another database
+            raise NonRetryableError(text)
+        raise RetryableError(text)
+
+    def _raise_lost(self, message: str) -> NoReturn:
+        self._streaming = False
+        raise RetryableError(redact(f"replication stream lost: {message.strip()}"))
+
+
+def _check_slot_name(slot: str) -> None:
+    if not _SLOT_NAME.fullmatch(slot):
+        raise ConfigError(
+            f"invalid replication slot name {slot!r}: use 1-63 lowercase letters, digits and _"
+        )
+
+
+def _sqlstate(result: pq.PGresult) -> str:
+    return _text(result.error_field(pq.DiagnosticField.SQLSTATE))
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace") if value else ""
