@@ -26,7 +26,7 @@ protos: $(STAMP)
 ## Throwaway PostgreSQL, broker, Redis, NATS + the three services on a sample pipeline.
 ## DURATION=60 makes it stop by itself.
 run: setup
-	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION))
+	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION)) $(if $(DEMO_DIR),--dir $(DEMO_DIR))
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

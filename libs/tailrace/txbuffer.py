@@ -34,7 +34,7 @@ class TransactionBuffer:
             self._memory.append(event)
             return
         if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="tailrace-tx-", dir=self._spill_dir)
+            self._file = tempfile.TemporaryFile(prefix="tailrace-tx-", dir=self._spill_dir)  # noqa: SIM115
         data = event.SerializeToString()
         self._file.write(_LEN.pack(len(data)))
         self._file.write(data)

@@ -131,6 +131,11 @@ tailrace demo: writing changes to shop.customers and shop.orders every second; t
   events take ~20 s (Spark starts up). {"Ctrl-C stops." if duration is None else
   f"Stopping by itself after {duration:.0f} s."}""", flush=True)
 
+        # changes made before the replication slot exists are not captured: wait for it
+        capture_log = log_dir / "capture.log"
+        while '"streaming"' not in (capture_log.read_text() if capture_log.exists() else ""):
+            if stop.wait(0.2) or sup.failed() is not None:
+                break
         counter = [0]
         threads = [threading.Thread(target=_write_changes, args=(pg, stop), daemon=True),
                    threading.Thread(target=_show_arrivals, args=(red.url, stop, counter),
