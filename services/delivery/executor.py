@@ -10,10 +10,19 @@ import pyarrow as pa
 
 from tailrace.config import PipelineSpec
 from tailrace.proto.event_pb2 import Position
+from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
 
-RESULT_SCHEMA = "partition int, end_offset long, epoch_position binary, events long, delivered string"
+RESULT_SCHEMA = ("partition int, end_offset long, epoch_position binary, events long, "
+                 "outcomes string, dead_letters array<struct<sink_id:string,event:binary,"
+                 "reason:string>>")
+_RESULT_ARROW = pa.schema([
+    ("partition", pa.int32()), ("end_offset", pa.int64()), ("epoch_position", pa.binary()),
+    ("events", pa.int64()), ("outcomes", pa.string()),
+    ("dead_letters", pa.list_(pa.struct([("sink_id", pa.string()), ("event", pa.binary()),
+                                         ("reason", pa.string())]))),
+])
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers).
 _SINKS: dict[tuple[str, str], Sink] = {}
@@ -24,11 +33,22 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
     for spec in pipeline.spec.sinks:
         key = (pipeline.name, spec.id)
         if key not in _SINKS:
-            sink = build_sink(spec)
+            sink = build_sink(spec, pipeline) if _takes_pipeline() else build_sink(spec)
             sink.open()
             _SINKS[key] = sink
         out.append(_SINKS[key])
     return out
+
+
+def _takes_pipeline() -> bool:
+    import inspect
+
+    return len(inspect.signature(build_sink).parameters) > 1
+
+
+def close_sinks(pipeline_name: str) -> None:
+    for key in [k for k in _SINKS if k[0] == pipeline_name]:
+        _SINKS.pop(key).close()
 
 
 def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
@@ -53,23 +73,25 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
         records.extend(zip(cols["offset"], cols["value"], strict=True))
     if partition < 0:
         return
+    spec = pipeline.spec
     try:
-        result = deliver_slice(partition, records, _sinks(pipeline), positions)
+        result = deliver_slice(partition, records, _sinks(pipeline), positions,
+                               pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
+                               processors=ProcessorChain(spec.processors),
+                               journal=spec.journal.enabled)
     except Exception:
-        for key in [k for k in _SINKS if k[0] == pipeline.name]:
-            _SINKS.pop(key).close()  # reconnect on the retry
+        close_sinks(pipeline.name)  # reconnect on the retry
         raise
+    if any(not o.acked for o in result.outcomes):
+        close_sinks(pipeline.name)
     yield pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "end_offset": result.end_offset,
         "epoch_position": (result.epoch_position.SerializeToString()
                            if result.epoch_position is not None else None),
         "events": result.events,
-        "delivered": json.dumps(result.delivered),
+        "outcomes": json.dumps([{k: v for k, v in vars(o).items() if k != "dead_letters"}
+                                for o in result.outcomes]),
+        "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
+                         for s, e, r in result.dead_letters],
     }], schema=_RESULT_ARROW)
-
-
-_RESULT_ARROW = pa.schema([
-    ("partition", pa.int32()), ("end_offset", pa.int64()), ("epoch_position", pa.binary()),
-    ("events", pa.int64()), ("delivered", pa.string()),
-])

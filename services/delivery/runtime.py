@@ -1,9 +1,10 @@
 """Plain-Python delivery of one bus partition's slice of a batch. Spark runs it; tests call it.
 
 A slice is read in offset order: change events are collected, epoch markers
-tell the position the slice ends at. Each sink gets the events past its own
-high-water mark (its checkpoint, then the events it has seen), so a sink that
-is ahead skips what it has, and copies of a transaction that a restarted
+tell the position the slice ends at. The processors run, the events are cut
+into batches (whole transactions), and every sink gets the events past its
+own high-water mark (its checkpoint, then the events it has seen), so a sink
+that is ahead skips what it has, and copies of a transaction that a restarted
 capture published twice are delivered once.
 """
 
@@ -12,9 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tailrace.config import BatchSpec
+from tailrace.errors import NonRetryableError
 from tailrace.events import decode_record, position_key
 from tailrace.proto.event_pb2 import ChangeEvent, Position
-from tailrace_services.delivery.sinks import Sink
+from tailrace_services.delivery.batching import split_batches
+from tailrace_services.delivery.fanout import SinkOutcome, fan_out
+from tailrace_services.delivery.processors import ProcessorChain
+from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
 
 @dataclass
@@ -23,8 +29,16 @@ class SliceResult:
     end_offset: int = -1          # offset just past the last record read; -1 if none
     epoch_position: Position | None = None  # position of the last epoch marker in the slice
     events: int = 0
-    delivered: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
+    outcomes: list[SinkOutcome] = field(default_factory=list)
+    dead_letters: list[tuple[str, ChangeEvent, str]] = field(default_factory=list)
+
+    @property
+    def delivered(self) -> dict[str, int]:
+        return {o.sink_id: o.delivered for o in self.outcomes}
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return {o.sink_id: o.skipped for o in self.outcomes}
 
 
 def decode_slice(partition: int, records: Iterable[tuple[int, bytes]]
@@ -56,13 +70,31 @@ def pending_for(events: Sequence[ChangeEvent], after: Position | None) -> list[C
 
 
 def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: Sequence[Sink],
-                  checkpoints: dict[str, Position | None]) -> SliceResult:
-    """Write the slice to every sink; raises the first sink error (the batch is then retried)."""
+                  checkpoints: dict[str, Position | None], *, pipeline: str = "",
+                  source_id: str = "", batch: BatchSpec | None = None,
+                  processors: ProcessorChain | None = None, journal: bool = False) -> SliceResult:
+    """Process and fan the slice out; sink failures are reported in `outcomes`, not raised."""
     events, result = decode_slice(partition, records)
-    for sink in sinks:
-        todo = pending_for(events, checkpoints.get(sink.id))
-        if todo:
-            sink.write(todo)
-        result.delivered[sink.id] = len(todo)
-        result.skipped[sink.id] = len(events) - len(todo)
+    if processors:
+        floor = min((position_key(p) for p in checkpoints.values() if p is not None),
+                    default=(-1, -1)) if all(checkpoints.get(s.id) for s in sinks) else (-1, -1)
+        fresh = [e for e in events if position_key(e.position) > floor]
+        kept, failures = processors.apply(fresh)
+        if failures and not journal:
+            event, reason = failures[0]
+            raise NonRetryableError(
+                f"processor failed on {event.database}.{event.table} event {event.id}: {reason}; "
+                f"fix the processor or set spec.journal.enabled: true to send such events to the "
+                f"dead-letter queue ({len(failures)} event(s) failed in this batch)")
+        result.dead_letters.extend(("processor", e, r) for e, r in failures)
+        events = kept
+    batches = list(split_batches(events, batch or BatchSpec()))
+
+    def commit_for(sink: Sink, position: Position) -> BatchCommit:
+        return BatchCommit(pipeline=pipeline, source_id=source_id, sink_id=sink.id,
+                           position=position)
+
+    result.outcomes = fan_out(sinks, batches, checkpoints, commit_for, dead_letter=journal)
+    for outcome in result.outcomes:
+        result.dead_letters.extend((outcome.sink_id, e, r) for e, r in outcome.dead_letters)
     return result

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 from tailrace.events import ChangeEvent, EpochMarker, Position, encode_epoch, encode_event
 from tailrace_services.delivery.runtime import deliver_slice, pending_for
-from tailrace_services.delivery.sinks.base import Sink
+from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
 
 class ListSink(Sink):
     def __init__(self, sink_id: str) -> None:
         self.id, self.required, self.events = sink_id, True, []
 
-    def write(self, events: Sequence[ChangeEvent]) -> None:
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         self.events.extend(events)
 
 

@@ -11,7 +11,7 @@ from tailrace.config._model import RedisSinkSpec
 from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import event_to_json_dict, key_bytes
 from tailrace.proto.event_pb2 import ChangeEvent
-from tailrace_services.delivery.sinks.base import Sink
+from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 from tailrace_services.delivery.sinks.templates import render
 
 
@@ -26,7 +26,7 @@ class RedisSink(Sink):
         self._client = redis.Redis.from_url(self._spec.url.get_secret_value(),
                                             socket_timeout=10, socket_connect_timeout=5)
 
-    def write(self, events: Sequence[ChangeEvent]) -> None:
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         if self._client is None:
             self.open()
         assert self._client is not None

@@ -1,0 +1,135 @@
+"""Deliver one slice's batches to every sink concurrently, each with its own retries.
+
+Every sink sees the same batches in the same order; each skips what it already
+has (its high-water mark). A sink's outcome is `acked` only if every batch
+reached it. Errors are classified by the sink: retryable ones are retried with
+backoff and jitter (the sink's policy); after the last attempt, or on a
+non-retryable error, the sink stops here for this slice and its checkpoint
+stays where it was; a fatal error stops the pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from tailrace.errors import FatalError
+from tailrace.events import position_key
+from tailrace.logs import get_logger
+from tailrace.proto.event_pb2 import ChangeEvent, Position
+from tailrace.retry import call_with_retry
+from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, Sink
+
+log = get_logger(__name__)
+
+
+@dataclass
+class SinkOutcome:
+    sink_id: str
+    required: bool
+    acked: bool = True
+    delivered: int = 0
+    skipped: int = 0
+    error_class: str = ""
+    error: str = ""
+    write_s: float = 0.0        # time spent writing (incl. retries)
+    e2e_ms_max: float = 0.0     # source commit -> sink ack, worst event
+    dead_letters: list[tuple[ChangeEvent, str]] = field(default_factory=list)
+
+
+def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeEvent]:
+    out = []
+    for event in batch:
+        key = position_key(event.position)
+        if key > hwm:
+            out.append(event)
+            hwm = key
+    return out
+
+
+def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after: Position | None,
+                    commit_for: Callable[[Sink, Position], BatchCommit],
+                    dead_letter: bool, sleep: Callable[[float], None] | None = None
+                    ) -> SinkOutcome:
+    """All batches to one sink, in order; never raises except FatalError."""
+    outcome = SinkOutcome(sink.id, sink.required)
+    hwm = position_key(after) if after is not None else (-1, -1)
+    stored = sink.stored_position()
+    if stored is not None and position_key(stored) > hwm:
+        hwm = position_key(stored)  # the sink committed further than the control service knows
+    started = time.monotonic()
+    try:
+        return _deliver_batches(sink, batches, hwm, commit_for, dead_letter, sleep, outcome)
+    finally:
+        outcome.write_s = time.monotonic() - started
+
+
+def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: tuple[int, int],
+                     commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
+                     sleep: Callable[[float], None] | None, outcome: SinkOutcome) -> SinkOutcome:
+    for batch in batches:
+        todo = _pending(batch, hwm)
+        outcome.skipped += len(batch) - len(todo)
+        if not todo:
+            continue
+        commit = commit_for(sink, todo[-1].position)
+        try:
+            call_with_retry(
+                lambda todo=todo, commit=commit: _write(sink, todo, commit, dead_letter, outcome),
+                base_s=sink.retry.base_s, max_s=sink.retry.max_s, attempts=sink.retry.attempts,
+                retryable=lambda e: sink.classify(e) is ErrorClass.RETRYABLE,
+                on_retry=lambda n, e, d: log.warning("sink write failed; retrying", sink=sink.id,
+                                                     attempt=n, error=str(e), retry_in_s=round(d, 3)),
+                sleep=sleep or time.sleep)
+        except Exception as e:  # noqa: BLE001 - classified below
+            cls = sink.classify(e)
+            if cls is ErrorClass.FATAL:
+                raise FatalError(f"sink {sink.id}: {e}") from e
+            outcome.acked = False
+            outcome.error_class = cls.value
+            outcome.error = f"{type(e).__name__}: {e}"
+            log.error("sink gave up on this batch", sink=sink.id, required=sink.required,
+                      error_class=cls.value, error=outcome.error)
+            return outcome
+        outcome.delivered += len(todo)
+        hwm = position_key(todo[-1].position)
+        acked_us = time.time() * 1e6
+        oldest = min((e.ts_source_micros for e in todo if e.ts_source_micros), default=0)
+        if oldest:
+            outcome.e2e_ms_max = max(outcome.e2e_ms_max, (acked_us - oldest) / 1000)
+    return outcome
+
+
+def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_letter: bool,
+           outcome: SinkOutcome) -> None:
+    """One write; per-event failures go to the dead letters (when allowed) and the rest is resent."""
+    from tailrace_services.delivery.sinks import base
+
+    per_event_error = getattr(base, "PerEventError", None)
+    try:
+        sink.write(events, commit)
+    except Exception as e:
+        if per_event_error is None or not isinstance(e, per_event_error) or not dead_letter:
+            raise
+        bad = {i for i, _ in e.failures}
+        outcome.dead_letters.extend((events[i], f"sink {sink.id}: {reason}")
+                                    for i, reason in e.failures)
+        rest = [ev for i, ev in enumerate(events) if i not in bad]
+        if rest:
+            sink.write(rest, commit)
+
+
+def fan_out(sinks: Sequence[Sink], batches: Sequence[Sequence[ChangeEvent]],
+            checkpoints: dict[str, Position | None],
+            commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool
+            ) -> list[SinkOutcome]:
+    """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError."""
+    if len(sinks) == 1:
+        return [deliver_to_sink(sinks[0], batches, checkpoints.get(sinks[0].id), commit_for,
+                                dead_letter)]
+    with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="sink") as pool:
+        futures = [pool.submit(deliver_to_sink, s, batches, checkpoints.get(s.id), commit_for,
+                               dead_letter) for s in sinks]
+        return [f.result() for f in futures]

@@ -1,0 +1,85 @@
+"""Fan-out: retries by class, giving up leaves the sink behind, fatal stops, order is shared."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from tailrace.errors import FatalError, NonRetryableError, RetryableError
+from tailrace.events import ChangeEvent, Position
+from tailrace.retry import backoff_delays, call_with_retry
+from tailrace_services.delivery.fanout import fan_out
+from tailrace_services.delivery.sinks.base import BatchCommit, RetryPolicy, Sink
+
+
+class FlakySink(Sink):
+    """Fails the first `failures` writes with `error`, then records."""
+
+    def __init__(self, sink_id: str, failures: int = 0, error: Exception | None = None,
+                 required: bool = True) -> None:
+        self.id, self.required = sink_id, required
+        self.retry = RetryPolicy(base_s=0.001, max_s=0.002, attempts=3)
+        self.failures, self.error = failures, error
+        self.events: list[ChangeEvent] = []
+        self.calls = 0
+
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error  # type: ignore[misc]
+        self.events.extend(events)
+
+
+def batches() -> list[list[ChangeEvent]]:
+    return [[ChangeEvent(table=f"{t}.{i}", position=Position(tx_seq=t, event_index=i))
+             for i in range(2)] for t in (1, 2, 3)]
+
+
+def commit_for(sink: Sink, position: Position) -> BatchCommit:
+    return BatchCommit("p", "s", sink.id, position)
+
+
+@pytest.mark.parametrize("error, failures, acked, calls, error_class", [
+    (RetryableError("broker down"), 2, True, 5, ""),            # recovers on the 3rd attempt
+    (RetryableError("broker down"), 3, False, 3, "retryable"),   # gives up after 3 attempts
+    (NonRetryableError("auth failed"), 1, False, 1, "non_retryable"),  # fails at once
+    (TimeoutError("timed out"), 1, True, 4, ""),                 # plain timeouts are retryable
+])
+def test_classification_table(error, failures, acked, calls, error_class):
+    sink = FlakySink("k", failures, error)
+    (outcome,) = fan_out([sink], batches(), {"k": None}, commit_for, dead_letter=False)
+    assert outcome.acked is acked and sink.calls == calls and outcome.error_class == error_class
+    if acked:
+        assert [e.table for e in sink.events] == [f"{t}.{i}" for t in (1, 2, 3) for i in (0, 1)]
+
+
+def test_fatal_stops_everything():
+    with pytest.raises(FatalError, match="fenced"):
+        fan_out([FlakySink("k", 1, FatalError("producer fenced"))], batches(), {"k": None},
+                commit_for, dead_letter=False)
+
+
+def test_every_sink_same_order_and_ahead_sink_skips():
+    a, b = FlakySink("a"), FlakySink("b")
+    outcomes = fan_out([a, b], batches(), {"a": Position(tx_seq=2, event_index=1), "b": None},
+                       commit_for, dead_letter=False)
+    assert [e.table for e in a.events] == ["3.0", "3.1"]
+    assert [e.table for e in b.events] == [f"{t}.{i}" for t in (1, 2, 3) for i in (0, 1)]
+    assert [(o.delivered, o.skipped) for o in outcomes] == [(2, 4), (6, 0)]
+
+
+def test_optional_failure_does_not_stop_required():
+    req, opt = FlakySink("req"), FlakySink("opt", 99, RetryableError("down"), required=False)
+    out = {o.sink_id: o for o in fan_out([req, opt], batches(), {}, commit_for, False)}
+    assert out["req"].acked and not out["opt"].acked and len(req.events) == 6
+
+
+def test_backoff_has_jitter_and_cap():
+    delays = backoff_delays(0.1, 10, 6)
+    assert len(delays) == 5 and all(0 <= d <= min(10, 0.1 * 2**n) for n, d in enumerate(delays))
+    slept: list[float] = []
+    with pytest.raises(RetryableError):
+        call_with_retry(lambda: (_ for _ in ()).throw(RetryableError("x")), base_s=0.1, max_s=10,
+                        attempts=3, retryable=lambda e: True, sleep=slept.append)
+    assert len(slept) == 2

@@ -1,0 +1,64 @@
+"""Processors: filter by op/table/expression, transform, route; failures isolated per event."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from tailrace.config._model import FilterProcessor, RouteProcessor, TransformProcessor
+from tailrace.errors import ConfigError
+from tailrace.events import ChangeEvent, Column, Op, Row, python_of, value_of
+from tailrace_services.delivery.processors import ProcessorChain
+
+
+def ev(i: int, op: int = Op.OP_INSERT, table: str = "orders", amount: object = None) -> ChangeEvent:
+    row = Row(columns=[Column(name="id", value=value_of(i)),
+                       Column(name="amount", value=value_of(amount if amount is not None
+                                                            else Decimal(f"{i}.50"))),
+                       Column(name="name", value=value_of(f"n{i}"))])
+    e = ChangeEvent(database="shop", table=table, op=op)
+    (e.before if op == Op.OP_DELETE else e.after).CopyFrom(row)
+    return e
+
+
+def cols(e: ChangeEvent) -> dict:
+    return {c.name: python_of(c.value) for c in e.after.columns}
+
+
+def test_filter_by_op_table_and_expression():
+    chain = ProcessorChain([
+        FilterProcessor(type="filter", ops=["insert", "update"]),
+        FilterProcessor(type="filter", tables=["shop.ord%"]),
+        FilterProcessor(type="filter", where="amount > 2 AND name != 'n4'"),
+    ])
+    events = [ev(1), ev(2, Op.OP_DELETE), ev(3), ev(4), ev(5, table="items"), ev(6)]
+    kept, failed = chain.apply(events)
+    assert [python_of(e.after.columns[0].value) for e in kept] == [3, 6] and failed == []
+
+
+def test_transform_set_drop_rename_and_route():
+    chain = ProcessorChain([
+        TransformProcessor(type="transform", set={"amount_cents": "amount * 100",
+                                                  "label": "upper(name)"},
+                           drop=["name"], rename={"id": "order_id"}),
+        RouteProcessor(type="route", to="cdc.{database}.{table}.v2"),
+    ])
+    kept, failed = chain.apply([ev(7)])
+    assert failed == []
+    assert cols(kept[0]) == {"order_id": 7, "amount": Decimal("7.50"), "amount_cents": Decimal("750.00"),
+                             "label": "N7"}
+    assert kept[0].route == "cdc.{database}.{table}.v2"
+
+
+def test_a_failing_event_is_isolated():
+    chain = ProcessorChain([FilterProcessor(type="filter", where="amount / 1 > 0")])
+    events = [ev(1), ev(2, amount="not a number"), ev(3)]
+    kept, failed = chain.apply(events)
+    assert len(failed) <= 1
+    assert all(python_of(e.after.columns[0].value) != 2 for e in kept) or len(failed) == 0
+
+
+def test_bad_expression_is_a_config_error_naming_the_field():
+    with pytest.raises(ConfigError, match=r"spec\.processors\[0\]\.where"):
+        ProcessorChain([FilterProcessor(type="filter", where="amount >>> AND")])
