@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fix_servers", "tests.fix_pipeline"]
+pytest_plugins = ["tests.fix_servers", "tests.fix_pipeline", "tests.fix_delivery"]

@@ -2,17 +2,19 @@
 
 Per micro-batch (`foreachBatch`), in this order:
 1. read every sink's checkpoint (position + version) from the control service;
-2. ONE `mapInArrow(...).collect()`: each task writes its partition's slice to the
-   sinks, skipping what a sink already has, and returns where the slice ended;
-3. only after every sink acknowledged, commit each sink's checkpoint
-   (compare-and-set on the version read in step 1) to the batch's epoch position.
-A crash anywhere before step 3 re-delivers the batch (at least once); a lost
-compare-and-set means another delivery process owns the pipeline: stop.
+2. ONE `mapInArrow(...).collect()`: each task runs the processors and writes its
+   partition's slice to every sink (skipping what a sink already has) and returns
+   each sink's outcome;
+3. `BatchCommitter`: dead letters to the DLQ, then the commit policy in the control
+   service advances the acknowledged sinks' checkpoints atomically (see committer.py).
+A crash anywhere before step 3 re-delivers the batch (at least once; exactly-once
+sinks skip it through the checkpoint they store with the data). When a sink did not
+acknowledge, the query restarts from the least advanced checkpoint after a backoff,
+so a lagging sink catches up while the others skip what they have.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -23,15 +25,18 @@ from typing import Any
 
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError
-from tailrace.events import position_key
+from tailrace.errors import FatalError, RetryableError
 from tailrace.logs import get_logger
-from tailrace.proto import control_pb2 as pb
-from tailrace.proto.event_pb2 import Position
+from tailrace_services.delivery import metrics
+from tailrace_services.delivery.committer import BatchCommitter
 from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
 from tailrace_services.delivery.source import BusDataSource
 
 log = get_logger(__name__)
+
+
+class _Restart(Exception):
+    """Stop this query and start a new one from the control-service checkpoints."""
 
 
 def spark_session(app: str, master: str) -> Any:
@@ -47,76 +52,85 @@ def spark_session(app: str, master: str) -> Any:
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.python.worker.reuse", "true")
              .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-             .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(BusDataSource)
     return spark
 
 
-class BatchCommitter:
-    """Steps 1 and 3 of the docstring above; lives in the driver script."""
-
+class DeliveryJob:
     def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
         self.pipeline = pipeline
         self.control = control
-        self.source_id = pipeline.spec.source.id
-        self.sink_ids = [s.id for s in pipeline.spec.sinks]
+        self.committer = BatchCommitter(pipeline, control)
         self.events_delivered = 0
+        self.restart_reason = ""
+        self.fatal_reason = ""
 
-    def read(self) -> dict[str, pb.Checkpoint | None]:
-        return {s: self.control.get_checkpoint(self.source_id, s) for s in self.sink_ids}
+    def process_batch(self, df: Any, batch_id: int) -> None:
+        name = self.pipeline.name
+        started = time.monotonic()
+        state, _ = self.control.pipeline_state(name)
+        if state == "paused":
+            self.restart_reason = "paused"
+            raise _Restart("pipeline paused")
+        before = self.committer.read()
+        positions = {k: (v.position.SerializeToString() if v is not None else None)
+                     for k, v in before.items()}
+        rows = df.mapInArrow(make_deliver_fn(self.pipeline, positions), RESULT_SCHEMA).collect()
+        delivered_at = time.monotonic()
+        report = self.committer.summarize(rows)
+        report.dead_letters = self.committer.dead_letter(rows)
+        self.committer.commit(before, rows, report)
+        committed_at = time.monotonic()
 
-    def commit(self, before: dict[str, pb.Checkpoint | None], rows: list[Any]) -> None:
-        for sink_id, old in before.items():
-            cp = pb.Checkpoint(pipeline=self.pipeline.name, source_id=self.source_id,
-                               sink_id=sink_id)
-            if old is not None:
-                cp.position.CopyFrom(old.position)
-                for p, o in old.bus_offsets.items():
-                    cp.bus_offsets[p] = o
-            for row in rows:
-                if row["end_offset"] >= 0:
-                    cp.bus_offsets[row["partition"]] = max(
-                        cp.bus_offsets.get(row["partition"], 0), row["end_offset"])
-                if row["epoch_position"] is not None:
-                    pos = Position.FromString(row["epoch_position"])
-                    if position_key(pos) > position_key(cp.position):
-                        cp.position.CopyFrom(pos)
-            ok, current = self.control.commit_checkpoint(cp, old.version if old else 0)
-            if not ok:
-                raise FatalError(
-                    f"checkpoint of sink {sink_id} was moved by someone else (stored version "
-                    f"{current.version}); is a second delivery process running for pipeline "
-                    f"{self.pipeline.name}?")
+        metrics.BATCH_EVENTS.labels(name).observe(report.events)
+        metrics.BATCH_SECONDS.labels(name, "deliver").observe(delivered_at - started)
+        metrics.BATCH_SECONDS.labels(name, "commit").observe(committed_at - delivered_at)
+        if report.e2e_ms_max:
+            metrics.E2E_SECONDS.labels(name).observe(report.e2e_ms_max / 1000)
+        metrics.DLQ_EVENTS.labels(name).inc(report.dead_letters)
+        for sink, n in report.delivered.items():
+            metrics.EVENTS.labels(name, sink).inc(n)
+            metrics.SINK_SECONDS.labels(name, sink).observe(report.write_s.get(sink, 0.0))
+        for sink, err in report.errors.items():
+            metrics.SINK_ERRORS.labels(name, sink, err.split(":")[0]).inc()
+        self.events_delivered += report.events
+        log.info("batch delivered", batch=batch_id, events=report.events,
+                 per_sink=report.delivered, lagging=report.lagging or None,
+                 dead_letters=report.dead_letters or None,
+                 ms=round((committed_at - started) * 1000))
+        if not report.policy_satisfied:
+            raise RetryableError(f"commit policy {self.pipeline.spec.commit_policy!r} not met, "
+                                 f"no checkpoint moved: {report.reason}; the batch is retried")
+        if report.lagging:
+            self.restart_reason = f"sinks {', '.join(report.lagging)} behind: " + "; ".join(
+                report.errors.values())
+            raise _Restart(self.restart_reason)
 
 
 def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
         stop_when: Callable[[], bool] | None = None) -> None:
     """Run the streaming query until it fails fatally (raises) or the process is stopped."""
     control = ControlClient(pipeline.spec.control.address)
-    committer = BatchCommitter(pipeline, control)
+    job = DeliveryJob(pipeline, control)
     spark = spark_session(f"tailrace-delivery-{pipeline.name}", master)
     bus = pipeline.spec.bus
     trigger_ms = max(pipeline.spec.batch.max_ms, 100)
-
-    def process_batch(df: Any, batch_id: int) -> None:
-        started = time.monotonic()
-        before = committer.read()
-        positions = {k: (v.position.SerializeToString() if v is not None else None)
-                     for k, v in before.items()}
-        rows = df.mapInArrow(make_deliver_fn(pipeline, positions), RESULT_SCHEMA).collect()
-        committer.commit(before, rows)
-        events = sum(r["events"] for r in rows)
-        committer.events_delivered += events
-        delivered = [json.loads(r["delivered"]) for r in rows]
-        log.info("batch delivered", batch=batch_id, events=events,
-                 per_sink={s: sum(d.get(s, 0) for d in delivered) for s in committer.sink_ids},
-                 ms=round((time.monotonic() - started) * 1000))
-
     delay = 1.0
     deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
-    while True:
+
+    def should_stop() -> bool:
+        return (stop_when is not None and stop_when()) or (
+            deadline is not None and time.monotonic() >= deadline)
+
+    while not should_stop():
+        if job.restart_reason == "paused":
+            if control.pipeline_state(pipeline.name)[0] == "paused":
+                time.sleep(1.0)
+                continue
+            job.restart_reason = ""
+            log.info("pipeline resumed")
         checkpoint_dir = tempfile.mkdtemp(prefix="tailrace-spark-")
         try:
             stream = (spark.readStream.format("tailrace_bus")
@@ -124,17 +138,17 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                       .option("partitions", str(bus.partitions))
                       .option("control", pipeline.spec.control.address)
                       .option("source_id", pipeline.spec.source.id)
-                      .option("sink_ids", ",".join(committer.sink_ids))
+                      .option("sink_ids", ",".join(s.id for s in pipeline.spec.sinks))
+                      .option("max_events", str(pipeline.spec.batch.max_events))
                       .load())
-            query = (stream.writeStream.foreachBatch(process_batch)
+            query = (stream.writeStream.foreachBatch(job.process_batch)
                      .option("checkpointLocation", checkpoint_dir)
                      .trigger(processingTime=f"{trigger_ms} milliseconds")
                      .start())
             log.info("delivery running", pipeline=pipeline.name, master=master,
-                     sinks=committer.sink_ids)
-            while query.isActive:
-                if query.awaitTermination(0.5) or (stop_when is not None and stop_when()) or (
-                        deadline is not None and time.monotonic() >= deadline):
+                     sinks=[s.id for s in pipeline.spec.sinks])
+            while query.isActive and not should_stop():
+                if query.awaitTermination(0.5):
                     break
             if query.isActive:
                 query.stop()
@@ -144,9 +158,15 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
         except Exception as e:  # a failed query is restarted from the control checkpoints
             text = str(e)
             if "FatalError" in text or isinstance(e, FatalError):
-                raise FatalError(_first_line(text, "FatalError")) from None
-            log.warning("delivery batch failed; restarting from checkpoints",
-                        error=_first_line(text, "Error"), retry_in_s=delay)
+                reason = _first_line(text, "FatalError")
+                control.report_health(pipeline.name, "failed", reason)
+                raise FatalError(reason) from None
+            if job.restart_reason == "paused":
+                log.info("pipeline paused; waiting for resume")
+                continue
+            what = job.restart_reason or _first_line(text, "Error")
+            job.restart_reason = ""
+            log.warning("restarting from checkpoints", reason=what, retry_in_s=delay)
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
         finally:

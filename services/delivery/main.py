@@ -1,9 +1,16 @@
-"""`tailrace-delivery PIPELINE.yaml`: the PySpark job that delivers the bus to the sinks."""
+"""`tailrace-delivery PIPELINE.yaml`: the PySpark job that delivers the bus to the sinks.
+
+On a fatal error the query stops, the reason goes to the control service, and the
+process keeps serving `/health` (503, with the reason) until it is stopped, so an
+operator or orchestrator can see why; the exit code is then 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from tailrace.config import load_pipeline
 from tailrace.errors import ConfigError, FatalError
@@ -11,11 +18,16 @@ from tailrace.logs import get_logger, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tailrace-delivery", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tailrace-delivery", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="pipeline spec (YAML)")
     parser.add_argument("--master", default="local[*]",
                         help="Spark master (default %(default)s); the package must be importable "
                              "on executors")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve /health, /ready, /metrics on this port (0 = any free port)")
+    parser.add_argument("--exit-on-fatal", action="store_true",
+                        help="exit at once on a fatal error instead of serving 503 on /health")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     setup_logging("delivery", args.log_level)
@@ -27,13 +39,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tailrace_services.delivery.job import run
 
+    state = {"ok": True, "reason": "", "ready": False}
+    stopped = threading.Event()
+    side = None
+    if args.http_port is not None:
+        from tailrace.httpside import start_http_side
+
+        side = start_http_side(args.http_port, lambda: (state["ok"], state["reason"]),
+                               lambda: bool(state["ready"]))
+        log.info("http side port", url=side.url)
+
+    def on_signal(*_: object) -> None:
+        stopped.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        run(spec, master=args.master)
+        state["ready"] = True
+        run(spec, master=args.master, stop_when=stopped.is_set)
     except FatalError as e:
+        state.update(ok=False, reason=str(e))
         log.error("delivery stopped", reason=str(e))
+        if side is not None and not args.exit_on_fatal:
+            signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+            try:
+                stopped.wait()
+            except KeyboardInterrupt:
+                pass
         return 1
     except KeyboardInterrupt:
         log.info("delivery stopped by signal")
+    finally:
+        if side is not None:
+            side.stop()
     return 0
 
 

@@ -63,7 +63,9 @@ class BusStreamReader(DataSourceStreamReader):
         self.control_address = options["control"]
         self.source_id = options["source_id"]
         self.sink_ids = [s for s in options.get("sink_ids", "").split(",") if s]
+        self.max_events = int(options.get("max_events", "0")) or None
         self._control: Any = None
+        self._cursor = 0  # an epoch id at or before the planned start
 
     def _client(self) -> Any:
         if self._control is None:
@@ -80,13 +82,34 @@ class BusStreamReader(DataSourceStreamReader):
         return {str(p): o for p, o in start.items()}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        epoch = self._client().latest_epoch(self.source_id)
+        """The furthest epoch past `start` that keeps the batch within `max_events`
+        (at least one epoch, however large: a transaction is never split)."""
         begin = _offsets(start) if start else _offsets(self.initialOffset())
-        if epoch is None:
-            return {str(p): o for p, o in begin.items()}
-        end = _offsets(dict(epoch.end_offsets))
+        end = self._plan(begin)
         # Never behind the start: an epoch older than a sink checkpoint plans nothing.
         return {str(p): max(end.get(p, 0), begin.get(p, 0)) for p in range(self.num_partitions)}
+
+    def _plan(self, begin: dict[int, int]) -> dict[int, int]:
+        client = self._client()
+        if self.max_events is None:
+            latest = client.latest_epoch(self.source_id)
+            return _offsets(dict(latest.end_offsets)) if latest is not None else begin
+        chosen: dict[int, int] | None = None
+        after = self._cursor
+        while True:
+            page = client.epoch_range(self.source_id, after, 0, 1000)
+            for epoch in page:
+                end = _offsets(dict(epoch.end_offsets))
+                if all(end.get(p, 0) <= o for p, o in begin.items()):
+                    self._cursor = epoch.epoch_id  # at or before the start
+                    continue
+                size = sum(max(end.get(p, 0) - begin.get(p, 0), 0) for p in begin)
+                if chosen is not None and size > self.max_events:
+                    return chosen
+                chosen = end
+            if len(page) < 1000:
+                return chosen if chosen is not None else begin
+            after = page[-1].epoch_id
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         s, e = _offsets(start), _offsets(end)

@@ -48,6 +48,32 @@ class BatchCommit:
     sink_id: str
     position: Position
     bus_offsets: dict[int, int] = field(default_factory=dict)
+    # The bus partition the slice came from. With `bus.partitions` > 1 every partition is
+    # written on its own, so exactly-once sinks keep one checkpoint (and Kafka one
+    # transactional.id) per partition; non-sharded pipelines always use 0.
+    partition: int = 0
+
+
+class PerEventError(NonRetryableError):
+    """Some events of the batch can never be written (too large, cannot be serialized or
+    routed); `failures` holds `(index in the batch, reason)`. Nothing of the batch was
+    committed by an exactly-once sink; the runtime may dead-letter those events and write
+    the rest again."""
+
+    def __init__(self, message: str, failures: list[tuple[int, str]]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+def classify_default(error: BaseException) -> ErrorClass:
+    """Tailrace errors by their class; OS-level connection trouble is retryable; else not."""
+    if isinstance(error, FatalError):
+        return ErrorClass.FATAL
+    if isinstance(error, NonRetryableError):
+        return ErrorClass.NON_RETRYABLE
+    if isinstance(error, RetryableError | ConnectionError | TimeoutError):
+        return ErrorClass.RETRYABLE
+    return ErrorClass.NON_RETRYABLE
 
 
 class Sink(ABC):
@@ -62,19 +88,13 @@ class Sink(ABC):
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         """Deliver `events` in the given order; return only once the destination acknowledged."""
 
-    def stored_position(self) -> Position | None:
+    def stored_position(self, partition: int = 0) -> Position | None:
         """The checkpoint stored with the data, for exactly-once sinks; None otherwise."""
         return None
 
     def classify(self, error: BaseException) -> ErrorClass:
         """Default mapping from the error hierarchy; sinks refine it for their client's errors."""
-        if isinstance(error, FatalError):
-            return ErrorClass.FATAL
-        if isinstance(error, NonRetryableError):
-            return ErrorClass.NON_RETRYABLE
-        if isinstance(error, RetryableError | ConnectionError | TimeoutError):
-            return ErrorClass.RETRYABLE
-        return ErrorClass.NON_RETRYABLE
+        return classify_default(error)
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

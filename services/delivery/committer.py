@@ -1,0 +1,134 @@
+"""The driver's side of a batch: read checkpoints before, dead letters and commit after.
+
+Order of the commit steps, after every task of the batch returned:
+1. dead letters (per-event failures) are appended to the control service's DLQ;
+2. the outcome (which sinks acknowledged, which are required) goes to the control
+   service's commit policy, with each acknowledged sink's new checkpoint and the
+   version read before the batch;
+3. the control service advances the acknowledged sinks' checkpoints atomically,
+   and only when the policy holds.
+A lost compare-and-set means another delivery process owns the pipeline: fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailrace.config import PipelineSpec
+from tailrace.control_client import ControlClient
+from tailrace.errors import FatalError, RetryableError
+from tailrace.events import position_key
+from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
+from tailrace.proto.event_pb2 import Position
+
+log = get_logger(__name__)
+
+
+@dataclass
+class BatchReport:
+    events: int = 0
+    acked: dict[str, bool] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    write_s: dict[str, float] = field(default_factory=dict)
+    e2e_ms_max: float = 0.0
+    dead_letters: int = 0
+    policy_satisfied: bool = True
+    reason: str = ""
+
+    @property
+    def lagging(self) -> list[str]:
+        return [s for s, ok in self.acked.items() if not ok]
+
+
+class BatchCommitter:
+    def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
+        self.pipeline = pipeline
+        self.control = control
+        self.source_id = pipeline.spec.source.id
+        self.sinks = {s.id: s for s in pipeline.spec.sinks}
+
+    def read(self) -> dict[str, pb.Checkpoint | None]:
+        return {s: self.control.get_checkpoint(self.source_id, s) for s in self.sinks}
+
+    def summarize(self, rows: list[Any]) -> BatchReport:
+        report = BatchReport(events=sum(r["events"] for r in rows))
+        for row in rows:
+            for o in json.loads(row["outcomes"]):
+                sid = o["sink_id"]
+                report.acked[sid] = report.acked.get(sid, True) and o["acked"]
+                report.delivered[sid] = report.delivered.get(sid, 0) + o["delivered"]
+                report.write_s[sid] = max(report.write_s.get(sid, 0.0), o["write_s"])
+                report.e2e_ms_max = max(report.e2e_ms_max, o["e2e_ms_max"])
+                if o["error"]:
+                    report.errors[sid] = f"{o['error_class']}: {o['error']}"
+        return report
+
+    def dead_letter(self, rows: list[Any]) -> int:
+        """Step 1. Raises RetryableError when the DLQ refuses (overflow `reject`/`block`)."""
+        entries = [(d["sink_id"], d["reason"], d["event"]) for r in rows
+                   for d in (r["dead_letters"] or [])]
+        if not entries:
+            return 0
+        journal = self.pipeline.spec.journal
+        appended, dropped, rejected = self.control.dlq_append(
+            self.pipeline.name, entries, journal.overflow, journal.max_entries,
+            _duration_s(journal.ttl))
+        if rejected:
+            raise RetryableError(
+                f"dead-letter queue of pipeline {self.pipeline.name} is full "
+                f"({journal.max_entries} entries, overflow {journal.overflow}): {rejected} "
+                "event(s) refused; purge or replay it (`tailrace dlq`) to go on")
+        if dropped:
+            log.warning("dead-letter queue full; dropped oldest entries", dropped=dropped)
+        log.warning("events sent to the dead-letter queue", count=appended)
+        return appended
+
+    def new_checkpoint(self, sink_id: str, old: pb.Checkpoint | None, rows: list[Any]
+                       ) -> pb.Checkpoint:
+        cp = pb.Checkpoint(pipeline=self.pipeline.name, source_id=self.source_id, sink_id=sink_id)
+        if old is not None:
+            cp.position.CopyFrom(old.position)
+            for p, o in old.bus_offsets.items():
+                cp.bus_offsets[p] = o
+        for row in rows:
+            if row["end_offset"] >= 0:
+                cp.bus_offsets[row["partition"]] = max(cp.bus_offsets.get(row["partition"], 0),
+                                                       row["end_offset"])
+            if row["epoch_position"] is not None:
+                pos = Position.FromString(row["epoch_position"])
+                if position_key(pos) > position_key(cp.position):
+                    cp.position.CopyFrom(pos)
+        return cp
+
+    def commit(self, before: dict[str, pb.Checkpoint | None], rows: list[Any],
+               report: BatchReport) -> None:
+        """Steps 2 and 3."""
+        outcomes = []
+        for sink_id, spec in self.sinks.items():
+            old = before.get(sink_id)
+            outcomes.append(pb.SinkOutcome(
+                sink_id=sink_id, required=spec.required,
+                acknowledged=report.acked.get(sink_id, True),
+                checkpoint=self.new_checkpoint(sink_id, old, rows),
+                expected_version=old.version if old is not None else 0,
+                error=report.errors.get(sink_id, "")))
+        answer = self.control.report_batch(self.pipeline.name, self.source_id,
+                                           self.pipeline.spec.commit_policy, outcomes)
+        if getattr(answer, "conflict", False):
+            raise FatalError(
+                f"a sink checkpoint of pipeline {self.pipeline.name} was moved by someone else; "
+                "is a second delivery process running for this pipeline?")
+        report.policy_satisfied = answer.satisfied
+        report.reason = answer.reason
+
+
+def _duration_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = text.strip()
+    if text and text[-1] in units:
+        return float(text[:-1]) * units[text[-1]]
+    return float(text)

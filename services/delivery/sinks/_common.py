@@ -1,0 +1,49 @@
+"""What every sink shares: routing, replay skipping, checkpoint naming, event headers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tailrace.events import ChangeEvent, Position, position_key
+from tailrace_services.delivery.sinks.base import BatchCommit
+from tailrace_services.delivery.sinks.templates import render
+
+NO_POSITION = (-1, -1)
+
+
+def destination(template: str, event: ChangeEvent) -> str:
+    """The topic/stream/subject/table of `event`: a `route` processor's template wins."""
+    return render(getattr(event, "route", "") or template, event)
+
+
+def fresh_indexes(events: Sequence[ChangeEvent], stored: Position | None) -> list[int]:
+    """Indexes of the events past the stored checkpoint: what a replayed batch still has to write."""
+    mark = position_key(stored) if stored is not None else NO_POSITION
+    return [i for i, e in enumerate(events) if position_key(e.position) > mark]
+
+
+def advances(commit: BatchCommit, stored: Position | None) -> bool:
+    """True when the batch's checkpoint is past the stored one (it must be written)."""
+    return stored is None or position_key(commit.position) > position_key(stored)
+
+
+def checkpoint_name(pipeline: str, sink_id: str, partition: int, sep: str = ":") -> str:
+    """`{pipeline}{sep}{sink}{sep}{partition}`: one checkpoint per bus partition."""
+    return f"{pipeline}{sep}{sink_id}{sep}{partition}"
+
+
+def parse_position(raw: bytes | None) -> Position | None:
+    if not raw:
+        return None
+    return Position.FromString(bytes(raw))
+
+
+def headers(event: ChangeEvent, content_type: str) -> dict[str, str]:
+    """Metadata every message carries besides its body (Kafka and NATS headers)."""
+    return {
+        "tailrace-event-id": event.id,
+        "tailrace-idempotency-key": event.idempotency_key,
+        "tailrace-schema-version": event.schema_version,
+        "tailrace-tx-id": event.tx_id,
+        "content-type": content_type,
+    }

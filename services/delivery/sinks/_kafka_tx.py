@@ -1,0 +1,173 @@
+"""One transactional producer per (pipeline, sink, partition), and its checkpoint record.
+
+A write, as one Kafka transaction:
+1. skip the events at or before the stored checkpoint (a replayed batch);
+2. `begin_transaction`, produce the events in order, then the checkpoint record
+   (key `{pipeline}/{sink}/{partition}`, value the serialized `Position`) to the
+   compacted checkpoint topic;
+3. `commit_transaction`: the events and the checkpoint become visible to
+   `read_committed` readers together, or not at all.
+At start, `init_transactions` fences every older producer with the same
+`transactional.id` and settles its open transaction; then the checkpoint topic is
+read `read_committed` up to its high watermark, so the stored checkpoint is the one
+of the last committed transaction. After any failure the producer is discarded and
+the next write starts over from there: a commit whose outcome was not seen is found
+in the checkpoint topic instead of being written twice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (  # type: ignore[attr-defined]
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from tailrace.events import ChangeEvent, Position
+from tailrace_services.delivery.sinks._common import advances, fresh_indexes, parse_position
+from tailrace_services.delivery.sinks.base import BatchCommit
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def size(self) -> int:
+        return len(self.key) + len(self.value) + sum(len(k) + len(v) for k, v in self.headers)
+
+
+DeliveryErrors = dict[int, KafkaError]
+
+
+def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], errors: DeliveryErrors,
+                deadline: float) -> None:
+    """Produce in order; a full local queue is drained (served) until `deadline`."""
+    for index, msg in messages:
+        def report(err: KafkaError | None, _: Any, index: int = index) -> None:
+            if err is not None:
+                errors.setdefault(index, err)
+
+        while True:
+            try:
+                producer.produce(msg.topic, msg.value, msg.key, headers=msg.headers,
+                                 on_delivery=report)
+                break
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    raise KafkaException(KafkaError(
+                        KafkaError._QUEUE_FULL, "the local producer queue stayed full")) from None
+                producer.poll(0.05)
+            except KafkaException as e:
+                errors.setdefault(index, e.args[0])
+                raise
+
+
+class TransactionalWriter:
+    """Owns a transactional producer; discard it (`close`) after any error."""
+
+    def __init__(self, client: Mapping[str, Any], producer: Mapping[str, Any],
+                 transactional_id: str, checkpoint_topic: str, checkpoint_key: str,
+                 timeout_s: float) -> None:
+        self.transactional_id = transactional_id
+        self.checkpoint_topic = checkpoint_topic
+        self.checkpoint_key = checkpoint_key.encode()
+        self.timeout_s = timeout_s
+        self._producer = Producer({**producer, "transactional.id": transactional_id})
+        self._producer.init_transactions(timeout_s)
+        self.stored: Position | None = read_checkpoint(
+            client, checkpoint_topic, self.checkpoint_key, timeout_s)
+
+    def write(self, events: Sequence[ChangeEvent], messages: Sequence[Message],
+              commit: BatchCommit | None, errors: DeliveryErrors,
+              on_skip: Callable[[int], None]) -> None:
+        fresh = fresh_indexes(events, self.stored)
+        if len(fresh) < len(events):
+            on_skip(len(events) - len(fresh))
+        if not fresh and (commit is None or not advances(commit, self.stored)):
+            return
+        producer = self._producer
+        deadline = time.monotonic() + self.timeout_s
+        producer.begin_transaction()
+        produce_all(producer, [(i, messages[i]) for i in fresh], errors, deadline)
+        if commit is not None:
+            producer.produce(self.checkpoint_topic, commit.position.SerializeToString(),
+                             self.checkpoint_key)
+        producer.commit_transaction(max(deadline - time.monotonic(), 1.0))
+        if commit is not None:
+            self.stored = commit.position
+
+    def close(self) -> None:
+        """Abort what is open (best effort) and drop the producer."""
+        try:
+            self._producer.abort_transaction(min(self.timeout_s, 5.0))
+        except KafkaException:
+            pass  # nothing open, fenced, or the broker is away: init_transactions settles it
+        self._producer.flush(0)
+
+
+def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
+                    timeout_s: float) -> Position | None:
+    """The last committed checkpoint under `key`, read `read_committed` to the high watermark.
+
+    Reading up to the committed end (the LSO) is not enough: while another producer's
+    transaction is open on the topic, the LSO stays before it and our last record may
+    lie beyond. So the target is the high watermark, and the reader waits for such
+    transactions to finish (they commit or time out).
+    """
+    common = {**client, "group.id": f"tailrace-checkpoint-reader-{uuid.uuid4().hex[:8]}",
+              "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    deadline = time.monotonic() + timeout_s
+    probe = Consumer({**common, "isolation.level": "read_uncommitted"})
+    try:
+        meta = probe.list_topics(topic, timeout=timeout_s)
+        described = meta.topics.get(topic)
+        if described is None or described.error is not None:
+            if described is not None and described.error.code() not in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                raise KafkaException(described.error)
+            return None
+        targets = {}
+        for p in described.partitions:
+            _, high = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
+                                                  cached=False)
+            if high > 0:
+                targets[p] = high
+    finally:
+        probe.close()
+    if not targets:
+        return None
+    reader = Consumer({**common, "isolation.level": "read_committed",
+                       "enable.partition.eof": True})
+    value: bytes | None = None
+    try:
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in targets])
+        while True:
+            for msg in reader.consume(1000, 0.2):
+                if msg.error() is None and msg.key() == key:
+                    value = msg.value()  # the latest wins; None is a tombstone
+            positions = reader.position([TopicPartition(topic, p) for p in targets])
+            behind = [tp for tp in positions if tp.offset < targets[tp.partition]]
+            if not behind:
+                return parse_position(value)
+            if time.monotonic() >= deadline:
+                tp = behind[0]
+                raise KafkaException(KafkaError(
+                    KafkaError._TIMED_OUT,
+                    f"reading checkpoint topic {topic} partition {tp.partition}: stuck at offset "
+                    f"{tp.offset} below the high watermark {targets[tp.partition]} for "
+                    f"{timeout_s:.0f} s (a transaction of another producer is still open)"))
+    finally:
+        reader.close()
