@@ -8,6 +8,7 @@ operator or orchestrator can see why; the exit code is then 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -49,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                                lambda: bool(state["ready"]))
         log.info("http side port", url=side.url)
 
-    def on_signal(*_: object) -> None:
-        stopped.set()
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the query stops within 0.5 s
     try:
         state["ready"] = True
         run(spec, master=args.master, stop_when=stopped.is_set)
@@ -61,11 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         state.update(ok=False, reason=str(e))
         log.error("delivery stopped", reason=str(e))
         if side is not None and not args.exit_on_fatal:
-            signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 stopped.wait()
-            except KeyboardInterrupt:
-                pass
         return 1
     except KeyboardInterrupt:
         log.info("delivery stopped by signal")
