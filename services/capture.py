@@ -1,10 +1,18 @@
-"""`tailrace-capture PIPELINE.yaml`: runs the capture service for the spec's source type."""
+"""`tailrace-capture PIPELINE.yaml`: runs the capture service for the spec's source type.
+
+Exit codes: 0 stopped by a signal, 1 a fatal error (a lost source position, halted
+schema drift, ...), 2 an invalid spec or source configuration. With `--http-port`
+a fatal error keeps the side port up with `/health` answering 503 and the reason,
+until SIGTERM (or exit at once with `--exit-on-fatal`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
+import threading
 
 from tailrace.config import load_pipeline
 from tailrace.control_client import ControlClient
@@ -13,8 +21,13 @@ from tailrace.logs import get_logger, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tailrace-capture", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tailrace-capture", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="pipeline spec (YAML)")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve /health, /ready, /metrics on this port (0 = any free port)")
+    parser.add_argument("--exit-on-fatal", action="store_true",
+                        help="exit at once on a fatal error instead of serving 503 on /health")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     setup_logging("capture", args.log_level)
@@ -25,31 +38,51 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailrace-capture: invalid pipeline spec:\n{e}", file=sys.stderr)
         return 2
 
-    control = ControlClient(spec.spec.control.address)
+    control = ControlClient(spec.spec.control.address, token=spec.spec.control.token)
     if spec.spec.source.type == "postgres":
         from tailrace_services.capture_postgres.service import PostgresCapture
 
         capture = PostgresCapture(spec, control)
+    elif spec.spec.source.type == "mysql":
+        from tailrace_services.capture_mysql.service import MysqlCapture
+
+        capture = MysqlCapture(spec, control)
     else:
         print(f"tailrace-capture: source type {spec.spec.source.type!r} is not available yet",
               file=sys.stderr)
         return 2
 
+    stopped = threading.Event()
+
     def on_signal(*_: object) -> None:
+        stopped.set()
         capture.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    side = None
+    if args.http_port is not None:
+        from tailrace.httpside import start_http_side
+
+        side = start_http_side(args.http_port, lambda: capture.health, lambda: capture.ready)
+        log.info("http side port", url=side.url)
     log.info("capture starting", pipeline=spec.name, source=spec.spec.source.id,
              type=spec.spec.source.type)
     try:
         capture.run()
     except FatalError as e:
         log.error("capture stopped", reason=str(e))
+        if side is not None and not args.exit_on_fatal:
+            with contextlib.suppress(KeyboardInterrupt):
+                stopped.wait()
         return 1
     except ConfigError as e:
         log.error("capture cannot start", reason=str(e))
         return 2
+    finally:
+        if side is not None:
+            side.stop()
+        control.close()
     return 0
 
 

@@ -1,31 +1,153 @@
-"""The gRPC client capture and delivery use to reach the control service."""
+"""The gRPC client capture, delivery and the `tailrace` CLI use to reach the control service.
+
+Errors follow one table: UNAVAILABLE and DEADLINE_EXCEEDED are retried for up to
+`retry_for` seconds and then raised as `ControlUnavailable` (a `RetryableError`);
+RESOURCE_EXHAUSTED, ABORTED, INTERNAL and unknown codes are `ControlUnavailable` at once;
+INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS, OUT_OF_RANGE,
+UNAUTHENTICATED and PERMISSION_DENIED are `ControlRefused` (a `NonRetryableError`): the
+message says what to fix.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 
-from tailrace.errors import RetryableError
+from tailrace.errors import ConfigError, NonRetryableError, RetryableError
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
+from tailrace.proto.event_pb2 import Position
 
 T = TypeVar("T")
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
+            grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAUTHENTICATED,
+            grpc.StatusCode.PERMISSION_DENIED}
+
+VERDICTS = {pb.IDENTITY_FIRST_SEEN: "first_seen", pb.IDENTITY_SAME: "same",
+            pb.IDENTITY_CHANGED: "changed"}
+HEALTH_STATES = {"running": pb.HEALTH_RUNNING, "position_lost": pb.HEALTH_POSITION_LOST,
+                 "failed": pb.HEALTH_FAILED, "paused": pb.HEALTH_PAUSED}
+PIPELINE_STATES = {pb.PIPELINE_UNKNOWN: "unknown", pb.PIPELINE_RUNNING: "running",
+                   pb.PIPELINE_PAUSED: "paused", pb.PIPELINE_FAILED: "failed"}
+OVERFLOW = {"drop_oldest": pb.OVERFLOW_DROP_OLDEST, "reject": pb.OVERFLOW_REJECT,
+            "block": pb.OVERFLOW_BLOCK}
+
+
+class ControlUnavailable(RetryableError):
+    """The control service could not answer now; back off and try again."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        super().__init__(message)
+
+
+class ControlRefused(NonRetryableError):
+    """The control service refused the request; the message says what to fix."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class SinkOutcome:
+    """One sink's part in a batch, for `report_batch`."""
+
+    sink_id: str
+    required: bool
+    acknowledged: bool
+    checkpoint: pb.Checkpoint | None = None  # what to store when the batch commits
+    expected_version: int = 0                # the version read before the batch
+    error: str = ""
+
+    def to_proto(self) -> pb.SinkOutcome:
+        return pb.SinkOutcome(sink_id=self.sink_id, required=self.required,
+                              acknowledged=self.acknowledged, checkpoint=self.checkpoint,
+                              expected_version=self.expected_version, error=self.error)
+
+
+class RegisteredSchema:
+    """A `SchemaRecord` (version, sequence, fingerprint, ...) plus whether this call created it."""
+
+    def __init__(self, record: pb.SchemaRecord, created: bool) -> None:
+        self.record = record
+        self.created = created
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.record, name)
+
+    def __repr__(self) -> str:
+        return (f"RegisteredSchema({self.record.database}.{self.record.table} "
+                f"v{self.record.version} seq {self.record.sequence}, created={self.created})")
+
+
+def to_commit_policy(policy: object) -> pb.CommitPolicy:
+    """The spec's value — "required" | "all" | {"quorum": N} | an object with `.quorum`."""
+    if isinstance(policy, pb.CommitPolicy):
+        return policy
+    if policy is None or policy == "required":
+        return pb.CommitPolicy(kind=pb.POLICY_REQUIRED)
+    if policy == "all":
+        return pb.CommitPolicy(kind=pb.POLICY_ALL)
+    quorum = policy.get("quorum") if isinstance(policy, Mapping) else getattr(policy, "quorum",
+                                                                              None)
+    if isinstance(quorum, int) and not isinstance(quorum, bool):
+        return pb.CommitPolicy(kind=pb.POLICY_QUORUM, quorum=quorum)
+    raise ConfigError(f"commit_policy {policy!r} is not valid; use required, all or {{quorum: N}}")
+
+
+def identity(flavor: str, attributes: Mapping[str, str], fingerprint: str = ""
+             ) -> pb.ServerIdentity:
+    return pb.ServerIdentity(flavor=flavor, attributes={k: str(v) for k, v in attributes.items()},
+                             fingerprint=fingerprint)
+
+
+def _secret(value: object) -> str:
+    getter = getattr(value, "get_secret_value", None)
+    return str(getter() if callable(getter) else value)
 
 
 class ControlClient:
-    """Thin, typed wrapper; transient failures are retried for up to `retry_for` seconds."""
+    """Thin, typed wrapper; transient failures are retried for up to `retry_for` seconds.
 
-    def __init__(self, address: str, timeout: float = 10.0, retry_for: float = 30.0) -> None:
+    `token`: sent as `authorization: Bearer <token>` (admin mutations need it when the
+    server has one). `root_cert`: PEM bytes, or a path to them, to talk TLS.
+    """
+
+    def __init__(self, address: str, timeout: float = 10.0, retry_for: float = 30.0,
+                 token: object | None = None, root_cert: bytes | str | None = None) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address)
+        if root_cert is not None:
+            pem = Path(root_cert).read_bytes() if isinstance(root_cert, str) else root_cert
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(pem))
+        else:
+            self._channel = grpc.insecure_channel(address)
+        self._metadata = (("authorization", f"Bearer {_secret(token)}"),) if token else None
         self._checkpoints = rpc.CheckpointsStub(self._channel)
         self._epochs = rpc.EpochsStub(self._channel)
+        self._commits = rpc.CommitsStub(self._channel)
+        self._schemas = rpc.SchemasStub(self._channel)
+        self._identities = rpc.IdentitiesStub(self._channel)
+        self._dlq = rpc.DeadLettersStub(self._channel)
+        self._admin = rpc.AdminStub(self._channel)
         self._timeout = timeout
         self._retry_for = retry_for
+
+    def __repr__(self) -> str:
+        return f"ControlClient({self.address!r})"
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self._channel.close()
@@ -35,13 +157,14 @@ class ControlClient:
         delay = 0.1
         while True:
             try:
-                return fn(request, timeout=self._timeout)
+                return fn(request, timeout=self._timeout, metadata=self._metadata)
             except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
-                if code not in _RETRYABLE or time.monotonic() > deadline:
-                    raise RetryableError(
-                        f"control service at {self.address}: {what} failed: {code.name}: "
-                        f"{e.details()}") from None  # type: ignore[attr-defined]
+                code, details = e.code(), e.details() or ""  # type: ignore[attr-defined]
+                message = f"control service at {self.address}: {what} failed: {code.name}: {details}"
+                if code in _REFUSED:
+                    raise ControlRefused(message, code, details) from None
+                if code not in _RETRIED or time.monotonic() > deadline:
+                    raise ControlUnavailable(message, code, details) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -76,3 +199,214 @@ class ControlClient:
         r = self._call("latest epoch", self._epochs.Latest,
                        pb.LatestEpochRequest(source_id=source_id))
         return r.epoch if r.found else None
+
+    def epoch_range(self, source_id: str, after_epoch_id: int = 0, up_to_epoch_id: int = 0,
+                    limit: int = 0) -> list[pb.Epoch]:
+        r = self._call("epoch range", self._epochs.Range, pb.EpochRangeRequest(
+            source_id=source_id, after_epoch_id=after_epoch_id, up_to_epoch_id=up_to_epoch_id,
+            limit=limit))
+        return list(r.epochs)
+
+    # commit policy
+    def report_batch(self, pipeline: str, source_id: str, policy: object,
+                     outcomes: Sequence[SinkOutcome | pb.SinkOutcome], batch_id: int = 0
+                     ) -> pb.ReportBatchResponse:
+        """Answer: `satisfied`, `committed`, `checkpoints`, `reason`; `conflict` means another
+        delivery process owns the pipeline (stop)."""
+        sinks = [o.to_proto() if isinstance(o, SinkOutcome) else o for o in outcomes]
+        return self._call("report batch", self._commits.ReportBatch, pb.ReportBatchRequest(
+            pipeline=pipeline, source_id=source_id, policy=to_commit_policy(policy), sinks=sinks,
+            batch_id=batch_id))
+
+    # schema registry
+    def register_schema(self, tenant: str, database: str, table: str, fingerprint: str,
+                        schema_json: str, position: Position | None = None) -> RegisteredSchema:
+        r = self._call("register schema", self._schemas.Register, pb.RegisterSchemaRequest(
+            tenant=tenant, database=database, table=table, fingerprint=fingerprint,
+            schema_json=schema_json, position=position))
+        return RegisteredSchema(r.schema, r.created)
+
+    def list_schemas(self, tenant: str = "", database: str = "", table: str = ""
+                     ) -> list[pb.SchemaRecord]:
+        r = self._call("list schemas", self._schemas.List,
+                       pb.ListSchemasRequest(tenant=tenant, database=database, table=table))
+        return list(r.schemas)
+
+    def get_schema(self, tenant: str, database: str, table: str, version: int = 0
+                   ) -> pb.SchemaRecord | None:
+        r = self._call("get schema", self._schemas.Get, pb.GetSchemaRequest(
+            tenant=tenant, database=database, table=table, version=version))
+        return r.schema if r.found else None
+
+    def schema_at(self, tenant: str, database: str, table: str, sequence: int
+                  ) -> pb.SchemaRecord | None:
+        r = self._call("schema at sequence", self._schemas.At, pb.SchemaAtRequest(
+            tenant=tenant, database=database, table=table, sequence=sequence))
+        return r.schema if r.found else None
+
+    # identities, reconcile records, health
+    def compare_identity(self, source_id: str, flavor: str, attributes: dict[str, str],
+                         fingerprint: str) -> tuple[str, pb.ServerIdentity | None]:
+        """("first_seen" (now stored) | "same" | "changed" (not stored), the stored identity)."""
+        r = self._call("compare identity", self._identities.Compare, pb.CompareIdentityRequest(
+            source_id=source_id, identity=identity(flavor, attributes, fingerprint)))
+        return VERDICTS[r.verdict], (r.previous if r.HasField("previous") else None)
+
+    def store_identity(self, source_id: str, flavor: str, attributes: dict[str, str],
+                       fingerprint: str) -> pb.ServerIdentity | None:
+        """Store after reconciling; returns the identity it replaced."""
+        r = self._call("store identity", self._identities.Store, pb.StoreIdentityRequest(
+            source_id=source_id, identity=identity(flavor, attributes, fingerprint)))
+        return r.previous if r.replaced else None
+
+    def add_reconcile_record(self, source_id: str, old: pb.ServerIdentity | None,
+                             new: pb.ServerIdentity | None, drift: list[str], decision: str
+                             ) -> int:
+        r = self._call("add reconcile record", self._identities.AddReconcile, pb.ReconcileRecord(
+            source_id=source_id, old_identity=old, new_identity=new, drift=drift,
+            decision=decision))
+        return int(r.sequence)
+
+    def list_reconcile_records(self, source_id: str = "", limit: int = 100
+                               ) -> list[pb.ReconcileRecord]:
+        r = self._call("list reconcile records", self._identities.ListReconcile,
+                       pb.ListReconcileRequest(source_id=source_id, limit=limit))
+        return list(r.records)
+
+    def report_health(self, subject_id: str, state: str, reason: str = "") -> None:
+        """`state`: running | position_lost | failed | paused."""
+        if state not in HEALTH_STATES:
+            raise ValueError(f"health state {state!r}: use one of {', '.join(HEALTH_STATES)}")
+        self._call("report health", self._identities.ReportHealth, pb.HealthReport(
+            subject_id=subject_id, state=HEALTH_STATES[state], reason=reason))
+
+    def get_health(self, subject_id: str) -> pb.HealthReport | None:
+        r = self._call("get health", self._identities.GetHealth,
+                       pb.GetHealthRequest(subject_id=subject_id))
+        return r.report if r.found else None
+
+    def list_health(self) -> list[pb.HealthReport]:
+        return list(self._call("list health", self._identities.ListHealth,
+                               pb.ListHealthRequest()).reports)
+
+    # dead-letter queue
+    def dlq_append(self, pipeline: str, entries: list[tuple[str, str, bytes]], overflow: str,
+                   max_entries: int, ttl_s: float, block_timeout_s: float = 60.0
+                   ) -> tuple[int, int, int]:
+        """Append (sink_id, reason, event bytes) entries; returns (appended, dropped, rejected).
+
+        `overflow` "block" waits here while the queue is full and sends the rest again; after
+        `block_timeout_s` it raises `ControlUnavailable` (RESOURCE_EXHAUSTED) — the entries
+        stored so far stay stored.
+        """
+        if overflow not in OVERFLOW:
+            raise ConfigError(f"journal.overflow {overflow!r}: use drop_oldest, reject or block")
+        todo = [pb.DeadLetterInput(sink_id=s, reason=r, event=e) for s, r, e in entries]
+        appended = dropped = rejected = 0
+        deadline = time.monotonic() + block_timeout_s
+        delay = 0.1
+        while True:
+            r = self._call("append dead letters", self._dlq.Append, pb.AppendDeadLettersRequest(
+                pipeline=pipeline, entries=todo, overflow=OVERFLOW[overflow],
+                max_entries=max_entries, ttl_s=int(ttl_s)))
+            appended, dropped, rejected = (appended + r.appended, dropped + r.dropped,
+                                           rejected + r.rejected)
+            todo = todo[r.appended:]
+            if not r.blocked or not todo:
+                return appended, dropped, rejected
+            if time.monotonic() > deadline:
+                raise ControlUnavailable(
+                    f"dead-letter queue of pipeline {pipeline} is full ({max_entries} entries, "
+                    f"overflow block): {len(todo)} of {len(entries)} entries still waiting after "
+                    f"{block_timeout_s:.0f} s; replay or purge it (tailrace dlq)",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "blocked")
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def dlq_stats(self, pipeline: str) -> pb.DeadLetterCount:
+        """Count plus totals dropped, expired and rejected."""
+        return self._call("count dead letters", self._dlq.Count,
+                          pb.DeadLettersRequest(pipeline=pipeline))
+
+    def dlq_count(self, pipeline: str) -> int:
+        return int(self.dlq_stats(pipeline).count)
+
+    def dlq_list(self, pipeline: str, limit: int = 100, after: int = 0) -> list[pb.DeadLetter]:
+        r = self._call("list dead letters", self._dlq.List,
+                       pb.ListDeadLettersRequest(pipeline=pipeline, limit=limit, after=after))
+        return list(r.entries)
+
+    def dlq_replay(self, pipeline: str, limit: int = 100, after: int = 0) -> list[pb.DeadLetter]:
+        """Entries to re-deliver (admin token); confirm each done prefix with `dlq_ack`."""
+        r = self._call("replay dead letters", self._dlq.Replay,
+                       pb.ListDeadLettersRequest(pipeline=pipeline, limit=limit, after=after))
+        return list(r.entries)
+
+    def dlq_ack(self, pipeline: str, up_to: int) -> int:
+        r = self._call("acknowledge dead letters", self._dlq.Ack,
+                       pb.AckDeadLettersRequest(pipeline=pipeline, up_to=up_to))
+        return int(r.removed)
+
+    def dlq_purge(self, pipeline: str) -> int:
+        r = self._call("purge dead letters", self._dlq.Purge,
+                       pb.DeadLettersRequest(pipeline=pipeline))
+        return int(r.removed)
+
+    # admin
+    def register_pipeline(self, name: object, tenant: str = "default", source_id: str = "",
+                          source_type: str = "", sinks: Sequence[object] = (),
+                          commit_policy: object = "required") -> pb.PipelineInfo:
+        """Register a pipeline by ids and types (never DSNs or URLs).
+
+        Either `register_pipeline(spec)` with a `PipelineSpec`, or the fields; `sinks` are
+        objects with `id`, `type`, `required` (sink specs), mappings, or (id, type, required).
+        """
+        if hasattr(name, "metadata") and hasattr(name, "spec"):
+            spec: Any = name
+            name, tenant = spec.metadata.name, spec.metadata.tenant
+            source_id, source_type = spec.spec.source.id, spec.spec.source.type
+            sinks, commit_policy = spec.spec.sinks, spec.spec.commit_policy
+        info = pb.PipelineInfo(name=str(name), tenant=tenant, source_id=source_id,
+                               source_type=source_type,
+                               commit_policy=to_commit_policy(commit_policy))
+        for sink in sinks:
+            if isinstance(sink, tuple):
+                sid, kind, required = sink
+            elif isinstance(sink, Mapping):
+                sid, kind, required = sink["id"], sink.get("type", ""), sink.get("required", True)
+            else:
+                sid, kind, required = sink.id, sink.type, sink.required  # type: ignore[attr-defined]
+            info.sinks.append(pb.SinkInfo(id=sid, type=kind, required=bool(required)))
+        return self._call("register pipeline", self._admin.RegisterPipeline, info).pipeline
+
+    def pipeline_state(self, name: str) -> tuple[str, str]:
+        """(state, reason); state: running | paused | failed | unknown (not registered)."""
+        r = self._call("pipeline state", self._admin.GetPipeline, pb.PipelineRef(name=name))
+        return PIPELINE_STATES.get(r.state, "unknown"), r.reason
+
+    def get_pipeline(self, name: str) -> pb.PipelineInfo:
+        return self._call("get pipeline", self._admin.GetPipeline, pb.PipelineRef(name=name))
+
+    def list_pipelines(self) -> list[pb.PipelineInfo]:
+        return list(self._call("list pipelines", self._admin.ListPipelines,
+                               pb.ListPipelinesRequest()).pipelines)
+
+    def pause(self, name: str, reason: str = "") -> pb.PipelineInfo:
+        return self._call("pause", self._admin.Pause, pb.PauseRequest(name=name, reason=reason))
+
+    def resume(self, name: str) -> pb.PipelineInfo:
+        return self._call("resume", self._admin.Resume, pb.PipelineRef(name=name))
+
+    def sink_checkpoints(self, pipeline: str) -> pb.SinkCheckpointsResponse:
+        """Each sink's checkpoint with its lag (offsets and seconds behind the latest epoch)."""
+        return self._call("sink checkpoints", self._admin.Checkpoints, pb.PipelineRef(name=pipeline))
+
+    def rewind(self, pipeline: str, sink_id: str, confirm: str, to_sequence: int | None = None,
+               reset: bool = False) -> pb.RewindResponse:
+        """Set a sink's checkpoint back (the pipeline must be paused); `confirm` = `sink_id`."""
+        request = pb.RewindRequest(pipeline=pipeline, sink_id=sink_id, confirm=confirm)
+        if reset:
+            request.reset = True
+        elif to_sequence is not None:
+            request.to_sequence = to_sequence
+        return self._call("rewind", self._admin.Rewind, request)

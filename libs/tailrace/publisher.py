@@ -12,7 +12,7 @@ is what the delivery service plans its batches from.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -23,11 +23,27 @@ from tailrace.events import encode_epoch, encode_event, key_bytes
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
 
+# The producer's local queue is what a slow bus fills first: bounded so that a large source
+# transaction or a bus outage cannot grow the capture process by hundreds of MB.
+QUEUE_MAX_KBYTES = 32 * 1024
+QUEUE_MAX_MESSAGES = 50_000
+EPOCH_ACK_TIMEOUT_S = 30.0
+
 
 class BusPublisher:
+    """`idle` is called about every 100 ms while the publisher waits for the bus (a full
+    queue, an epoch's acks), so the caller can keep its source connection alive."""
+
     def __init__(self, brokers: str, topic: str, partitions: int, source_id: str,
-                 control: ControlClient, epoch_ms: int = 200) -> None:
-        self._producer = Producer(producer_config(brokers, f"tailrace-capture-{source_id}"))
+                 control: ControlClient, epoch_ms: int = 200,
+                 idle: Callable[[], None] | None = None) -> None:
+        config = producer_config(brokers, f"tailrace-capture-{source_id}")
+        config["queue.buffering.max.kbytes"] = min(int(config["queue.buffering.max.kbytes"]),
+                                                   QUEUE_MAX_KBYTES)
+        config["queue.buffering.max.messages"] = min(
+            int(config["queue.buffering.max.messages"]), QUEUE_MAX_MESSAGES)
+        self._producer = Producer(config)
+        self._idle = idle
         self._topic = topic
         self._partitions = partitions
         self._source_id = source_id
@@ -61,8 +77,13 @@ class BusPublisher:
                 return
             except BufferError:
                 # The local queue is full: wait for the broker instead of dropping.
-                self._producer.poll(0.1)
+                self._wait(0.1)
                 self._check()
+
+    def _wait(self, timeout: float) -> None:
+        self._producer.poll(timeout)
+        if self._idle is not None:
+            self._idle()
 
     def publish_transaction(self, events: Iterable[ChangeEvent]) -> None:
         last = None
@@ -112,11 +133,17 @@ class BusPublisher:
                                            partition=partition, on_delivery=on_marker)
                     break
                 except BufferError:
-                    self._producer.poll(0.1)
-        remaining = self._producer.flush(30)
+                    self._wait(0.1)
+        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
+        remaining = self._producer.flush(0.1)
+        while remaining and time.monotonic() < deadline and self._error is None:
+            if self._idle is not None:
+                self._idle()
+            remaining = self._producer.flush(0.1)
         self._check()
         if remaining or len(offsets) != self._partitions:
-            raise RetryableError(f"bus did not acknowledge epoch {self._epoch_id} within 30 s")
+            raise RetryableError(f"bus did not acknowledge epoch {self._epoch_id} within "
+                                 f"{EPOCH_ACK_TIMEOUT_S:.0f} s")
         self._control.record_epoch(control_pb2.Epoch(
             source_id=self._source_id, epoch_id=self._epoch_id, position=self._last_position,
             end_offsets=offsets, ts_unix_ms=now_us // 1000))

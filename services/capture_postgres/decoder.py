@@ -101,17 +101,20 @@ class Relation:
     columns: tuple[RelationColumn, ...]
     types: Mapping[int, TypeInfo] = field(default_factory=dict, repr=False, compare=False)
     converters: tuple[Converter, ...] = field(init=False, repr=False, compare=False)
+    type_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """Readable SQL type of each column, as `format_type` prints it (no round-trip)."""
 
     def __post_init__(self) -> None:
         converters = tuple(
             converter_for(c.type_oid, _custom_name(self.types, c.type_oid)) for c in self.columns
         )
         object.__setattr__(self, "converters", converters)
+        names = tuple(format_type(c.type_oid, c.type_modifier, self.types) for c in self.columns)
+        object.__setattr__(self, "type_names", names)
 
     def type_name(self, index: int) -> str:
         """Readable SQL type of column `index`, as `format_type` prints it (no round-trip)."""
-        column = self.columns[index]
-        return format_type(column.type_oid, column.type_modifier, self.types)
+        return self.type_names[index]
 
 
 @dataclass(frozen=True, slots=True)

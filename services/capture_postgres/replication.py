@@ -165,6 +165,25 @@ class ReplicationConnection:
             dbname=_text(dbname),
         )
 
+    def timeline_history(self, timeline: int) -> list[tuple[int, int]]:
+        """TIMELINE_HISTORY: (ancestor timeline, LSN where it ended) for each ancestor of `timeline`.
+
+        Timeline 1 has no history file: the answer is []. A promoted standby's new
+        timeline lists the one it came from with the switch point, past which the
+        old primary's WAL never reached this server.
+        """
+        if timeline <= 1:
+            return []
+        result = self._command(f"TIMELINE_HISTORY {int(timeline)}".encode(),
+                               pq.ExecStatus.TUPLES_OK, "TIMELINE_HISTORY")
+        content = result.get_value(0, 1) or b""
+        history: list[tuple[int, int]] = []
+        for line in _text(content).splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].isdigit():  # comments and blank lines are skipped
+                history.append((int(fields[0]), str_to_lsn(fields[1])))
+        return history
+
     def create_slot(self, slot: str) -> int | None:
         """Create a logical slot with pgoutput; its consistent LSN, or None if it exists."""
         _check_slot_name(slot)

@@ -1,48 +1,67 @@
-"""The capture-postgres lifecycle: connect -> select tables -> slot -> stream -> publish.
+"""The capture-postgres lifecycle: connect -> identity and position -> slot -> stream -> publish.
 
-One transaction at a time is buffered whole (spilling past a bound), stamped
-and published to the bus; then the publisher closes an epoch. The slot is
-told it may discard WAL only up to the minimum position every sink has
-checkpointed, and a restart skips transactions at or below that minimum.
+Each session:
+
+1. reads the resume position: the minimum checkpoint of the pipeline's sinks;
+2. connects for replication, reads the server's identity (IDENTIFY_SYSTEM) and
+   checks it and the position with the control service (`identity.py`,
+   `position.py`) — a lost position stops the source for good;
+3. selects the tables by pattern and brings the publication up to date, then
+   creates the slot if it is missing (publication first: pgoutput reads it
+   with the catalog as of each change);
+4. streams (`stream.py`) until stopped or until the connection breaks.
+
+Transient failures (connection lost, server restarting, bus or control service
+unreachable) start a new session after a backoff with jitter; the new session
+resumes from the minimum checkpoint, so nothing is lost. Fatal ones (a lost
+position, halted schema drift, authentication) are reported to the control
+service and `health` turns unhealthy, then `run()` raises.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import time
+from typing import Any
 
 import psycopg
 
 from tailrace.bus import ensure_topic
 from tailrace.config import PipelineSpec, PostgresSourceSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError, RetryableError, SourceConfigurationError
-from tailrace.events import Op
+from tailrace.errors import (
+    FatalError,
+    NonRetryableError,
+    PositionLostError,
+    RetryableError,
+    SourceConfigurationError,
+)
 from tailrace.logs import get_logger
 from tailrace.publisher import BusPublisher
-from tailrace.txbuffer import TransactionBuffer
-from tailrace_services.capture_postgres.decoder import (
-    Begin,
-    Commit,
-    Delete,
-    Insert,
-    PgOutputDecoder,
-    Relation,
-    Truncate,
-    Update,
-)
-from tailrace_services.capture_postgres.events import EventFactory, key_columns, make_row
+from tailrace_services.capture_postgres.events import EventFactory
+from tailrace_services.capture_postgres.identity import ServerCheck
+from tailrace_services.capture_postgres.position import Resume
 from tailrace_services.capture_postgres.replication import ReplicationConnection, lsn_to_str
-from tailrace_services.capture_postgres.tables import ensure_publication, resolve_tables
+from tailrace_services.capture_postgres.schema import SchemaTracker
+from tailrace_services.capture_postgres.stream import ChangeStream
+from tailrace_services.capture_postgres.tables import TableWatcher
+
+__all__ = ["PostgresCapture"]
 
 log = get_logger(__name__)
 
-FEEDBACK_INTERVAL_S = 1.0
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 10.0
 
 
 class PostgresCapture:
+    """Runs one pipeline's PostgreSQL source; `health` and `ready` feed the HTTP side port."""
+
     def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
         source = pipeline.spec.source
-        assert isinstance(source, PostgresSourceSpec)
+        if not isinstance(source, PostgresSourceSpec):
+            raise TypeError(f"PostgresCapture needs a postgres source, got {source.type!r}")
         self.pipeline = pipeline
         self.source = source
         self.control = control
@@ -50,6 +69,8 @@ class PostgresCapture:
         self.slot = source.slot or f"tailrace_{pipeline.name.replace('-', '_').replace('.', '_')}"
         self.publication = source.publication or self.slot
         self.sink_ids = [s.id for s in pipeline.spec.sinks]
+        self.health: tuple[bool, str] = (True, "starting")
+        self.ready = False
         self._stop = False
 
     def stop(self) -> None:
@@ -58,124 +79,104 @@ class PostgresCapture:
     def run(self) -> None:
         """Run until stopped; transient failures reconnect with backoff, fatal ones raise."""
         bus = self.pipeline.spec.bus
-        delay = 0.5
+        failures = 0
         while not self._stop:
             try:
                 ensure_topic(bus.brokers, self.pipeline.bus_topic, bus.partitions)
-                self._run_once()
+                self._session()
                 return
+            except PositionLostError as e:
+                self._fail("position_lost", str(e))
+                raise
+            except FatalError as e:
+                self._fail("failed", str(e))
+                raise
+            except NonRetryableError as e:
+                self._fail("failed", str(e))
+                raise FatalError(str(e)) from e
             except (RetryableError, psycopg.OperationalError) as e:
-                log.warning("capture interrupted; reconnecting", error=str(e), retry_in_s=delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                failures = 1 if self.ready else failures + 1  # streaming had started: reset
+                self.ready = False
+                delay = random.uniform(BACKOFF_BASE_S / 2,
+                                       min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 1)))
+                self.health = (True, f"reconnecting: {e}")
+                log.warning("capture interrupted; reconnecting", error=str(e),
+                            retry_in_s=round(delay, 2))
+                self._sleep(delay)
 
-    def _prepare(self) -> str:
-        """Check the server, select tables and keep the publication in step; returns the db name."""
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
-            wal_level = conn.execute("SHOW wal_level").fetchone()[0]  # type: ignore[index]
-            if wal_level != "logical":
-                raise SourceConfigurationError(
-                    f"source {self.source.id}: wal_level is {wal_level!r}; set wal_level=logical "
-                    "in postgresql.conf and restart PostgreSQL")
-            tables = resolve_tables(conn, self.source.tables)
-            ensure_publication(conn, self.publication, tables, create=self.source.create_slot)
-            log.info("tables selected", tables=[f"{s}.{t}" for s, t in tables],
-                     publication=self.publication)
-            return conn.info.dbname
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop and time.monotonic() < deadline:
+            time.sleep(min(0.1, deadline - time.monotonic()))
 
-    def _run_once(self) -> None:
-        database = self._prepare()
-        resume = self.control.minimum_checkpoint(self.source.id, self.sink_ids)
-        skip_upto = resume.position.tx_seq if resume is not None else 0
-        publisher = BusPublisher(self.pipeline.spec.bus.brokers, self.pipeline.bus_topic,
-                                 self.pipeline.spec.bus.partitions, self.source.id, self.control,
-                                 self.source.epoch_ms)
+    def _fail(self, state: str, reason: str) -> None:
+        self.health = (False, reason)
+        self.ready = False
+        log.error("capture stopped", state=state, reason=reason)
+        try:
+            self.control.report_health(self.source.id, state, reason)
+        except (RetryableError, NonRetryableError) as e:
+            log.warning("cannot report health to the control service", error=str(e))
+
+    def _session(self) -> None:
+        """One connection: checks, then stream until stopped."""
+        resume = Resume.of(self.control.minimum_checkpoint(self.source.id, self.sink_ids),
+                           self.control.latest_epoch(self.source.id))
         with ReplicationConnection(self.dsn) as repl:
-            identity = repl.identify_system()
+            system = repl.identify_system()
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                tables = self._prepare(repl, conn, system, resume)
             if self.source.create_slot:
                 created = repl.create_slot(self.slot)
                 if created is not None:
                     log.info("replication slot created", slot=self.slot,
                              consistent_lsn=lsn_to_str(created))
+            database = system.dbname
+            stream = ChangeStream(
+                repl, self.control, source_id=self.source.id, sink_ids=self.sink_ids,
+                factory=EventFactory(self.source.id, self.pipeline.tenant, database,
+                                     system.timeline),
+                schemas=SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
+                                      database, self.source.on_schema_drift),
+                max_tx_memory_events=self.source.max_tx_memory_events, resume_lsn=resume.lsn)
+            bus = self.pipeline.spec.bus
+            publisher = BusPublisher(bus.brokers, self.pipeline.bus_topic, bus.partitions,
+                                     self.source.id, self.control, self.source.epoch_ms,
+                                     idle=stream.keep_alive)
             repl.start(self.slot, self.publication, 0)
-            log.info("streaming", slot=self.slot, system_id=identity.system_id,
-                     timeline=identity.timeline, resume_after=lsn_to_str(skip_upto))
+            self.health = (True, "streaming")
+            self.ready = True
+            self.control.report_health(self.source.id, "running", "")
+            log.info("streaming", slot=self.slot, system_id=system.system_id,
+                     timeline=system.timeline, resume_after=lsn_to_str(resume.lsn))
+            watcher = TableWatcher(self.dsn, self.source.tables, self.publication, tables,
+                                   manage=self.source.create_slot)
             try:
-                self._stream(repl, publisher, database, identity.timeline, skip_upto)
+                stream.run(publisher, stopped=lambda: self._stop, tick=watcher.poll)
+            except BaseException:
+                # The transactions already handed over are complete: close their epoch if the
+                # bus lets us, but never hide the error that ended the stream.
+                with contextlib.suppress(Exception):
+                    publisher.close()
+                raise
             finally:
-                publisher.close()
+                watcher.close()
+            publisher.close()
 
-    def _stream(self, repl: ReplicationConnection, publisher: BusPublisher, database: str,
-                timeline: int, skip_upto: int) -> None:
-        decoder = PgOutputDecoder()
-        factory = EventFactory(self.source.id, self.pipeline.tenant, database, timeline)
-        buffer = TransactionBuffer(self.source.max_tx_memory_events)
-        begin: Begin | None = None
-        received = 0
-        flushed = skip_upto
-        next_feedback = 0.0
-        while not self._stop:
-            now = time.monotonic()
-            if now >= next_feedback:
-                flushed = self._confirmable(flushed)
-                repl.send_status(max(received, flushed), flushed)
-                next_feedback = now + FEEDBACK_INTERVAL_S
-            data = repl.read(timeout=0.2)
-            if data is None:
-                publisher.tick()
-                continue
-            received = max(received, data.wal_end)
-            msg = decoder.decode(data.payload)
-            if isinstance(msg, Begin):
-                begin = msg
-                buffer.clear()
-            elif isinstance(msg, Insert):
-                buffer.append(factory.change(msg.relation, Op.OP_INSERT, make_row(msg.relation,
-                                             None), make_row(msg.relation, msg.new),
-                                             data.data_start))
-            elif isinstance(msg, Update):
-                buffer.append(factory.change(msg.relation, Op.OP_UPDATE,
-                                             self._before(msg.relation, msg.old, msg.new,
-                                                          msg.old_is_key_only),
-                                             make_row(msg.relation, msg.new), data.data_start))
-            elif isinstance(msg, Delete):
-                buffer.append(factory.change(msg.relation, Op.OP_DELETE,
-                                             self._before(msg.relation, msg.old, None,
-                                                          msg.old_is_key_only),
-                                             make_row(msg.relation, None), data.data_start))
-            elif isinstance(msg, Truncate):
-                for rel in msg.relations:
-                    buffer.append(factory.truncate(rel, data.data_start))
-            elif isinstance(msg, Commit):
-                if begin is None:
-                    raise FatalError("pgoutput stream sent a Commit without a Begin")
-                if msg.end_lsn > skip_upto and len(buffer):
-                    size = len(buffer)
-                    publisher.publish_transaction(
-                        factory.stamp(ev, xid=begin.xid, end_lsn=msg.end_lsn,
-                                      commit_ts_us=msg.commit_ts_us, index=i, size=size)
-                        for i, ev in enumerate(buffer))
-                buffer.clear()
-                begin = None
-            elif isinstance(msg, Relation):
-                log.debug("relation", table=f"{msg.namespace}.{msg.name}",
-                          columns=[c.name for c in msg.columns])
-
-    @staticmethod
-    def _before(relation: Relation, old: list | None, new: list | None, key_only: bool):
-        """Full before-image with REPLICA IDENTITY FULL, key columns otherwise."""
-        if old is not None:
-            only = set(key_columns(relation)) if key_only else None
-            return make_row(relation, old, only)
-        if new is not None:
-            return make_row(relation, new, set(key_columns(relation)))
-        return make_row(relation, None)
-
-    def _confirmable(self, current: int) -> int:
-        """The LSN every sink has checkpointed; never moves backwards within a session."""
-        try:
-            cp = self.control.minimum_checkpoint(self.source.id, self.sink_ids)
-        except RetryableError as e:
-            log.warning("cannot read checkpoints; slot not advanced", error=str(e))
-            return current
-        return max(current, cp.position.tx_seq) if cp is not None else current
+    def _prepare(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
+                 system: Any, resume: Resume) -> list[tuple[str, str]]:
+        """Server settings, identity and position, then the tables and the publication."""
+        row = conn.execute("SHOW wal_level").fetchone()
+        wal_level = row[0] if row else "unknown"
+        if wal_level != "logical":
+            raise SourceConfigurationError(
+                f"source {self.source.id}: wal_level is {wal_level!r}; set wal_level = logical "
+                "in postgresql.conf and restart PostgreSQL")
+        tables = TableWatcher.resolve(conn, self.source.tables)
+        ServerCheck(self.control, self.source.id, self.pipeline.tenant, self.slot,
+                    self.source.create_slot, self.source.on_schema_drift
+                    ).run(repl, conn, system, resume, tables)
+        TableWatcher.publish(conn, self.publication, tables, self.source.create_slot)
+        log.info("tables selected", tables=[f"{s}.{t}" for s, t in tables],
+                 publication=self.publication)
+        return tables

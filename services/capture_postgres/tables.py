@@ -3,16 +3,32 @@
 For PostgreSQL a pattern is `schema.table` (the database is the DSN's) or
 `database.schema.table`; `*` and `%` are wildcards, so `public.*`,
 `public.order_%` and `%.orders` all work.
+
+Patterns are resolved at start and again every `REFRESH_S` seconds while
+streaming (`TableWatcher`): a new matching table is added to the publication,
+and its changes are captured from the first transaction that commits after
+that. Rows written to it before are not (take a snapshot of such a table).
+In read-only mode (`create_slot: false`) the publication is the operator's:
+a new table that it does not cover is only logged.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import time
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from tailrace.errors import ConfigError
+from tailrace.logs import get_logger
+
+__all__ = ["TableWatcher", "ensure_publication", "matches", "resolve_tables"]
+
+log = get_logger(__name__)
+
+REFRESH_S = 5.0
 
 
 def _glob(pattern: str) -> str:
@@ -34,7 +50,7 @@ def matches(patterns: list[str], database: str, schema: str, table: str) -> bool
     return False
 
 
-def resolve_tables(conn: psycopg.Connection, patterns: list[str]) -> list[tuple[str, str]]:
+def resolve_tables(conn: psycopg.Connection[Any], patterns: list[str]) -> list[tuple[str, str]]:
     """The ordinary tables the patterns select, as (schema, table)."""
     database = conn.info.dbname
     rows = conn.execute(
@@ -44,7 +60,7 @@ def resolve_tables(conn: psycopg.Connection, patterns: list[str]) -> list[tuple[
     return [(s, t) for s, t in rows if matches(patterns, database, s, t)]
 
 
-def ensure_publication(conn: psycopg.Connection, name: str, tables: list[tuple[str, str]],
+def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[tuple[str, str]],
                        create: bool) -> None:
     """Create the publication, or bring its table list up to date; read-only mode only checks."""
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
@@ -62,3 +78,53 @@ def ensure_publication(conn: psycopg.Connection, name: str, tables: list[tuple[s
     else:
         conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
             sql.Identifier(name), table_list))
+
+
+class TableWatcher:
+    """Re-resolves the patterns while streaming and adds new tables to the publication."""
+
+    resolve = staticmethod(resolve_tables)
+    publish = staticmethod(ensure_publication)
+
+    def __init__(self, dsn: str, patterns: list[str], publication: str,
+                 tables: list[tuple[str, str]], manage: bool, every_s: float = REFRESH_S) -> None:
+        self._dsn = dsn
+        self._patterns = patterns
+        self._publication = publication
+        self._known = set(tables)
+        self._manage = manage
+        self._every_s = every_s
+        self._next = time.monotonic() + every_s
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def poll(self) -> None:
+        """Cheap unless a refresh is due; a failed refresh is retried at the next one."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self._every_s
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+            tables = resolve_tables(self._conn, self._patterns)
+            new = [t for t in tables if t not in self._known]
+            if not new:
+                return
+            names = [f"{s}.{t}" for s, t in new]
+            if not self._manage:
+                log.warning("new tables match spec.source.tables but the publication is not "
+                            "managed by tailrace (create_slot: false): add them to it",
+                            tables=names, publication=self._publication)
+            else:
+                ensure_publication(self._conn, self._publication, tables, create=True)
+                log.info("tables added to the publication", tables=names,
+                         publication=self._publication)
+            self._known.update(new)
+        except psycopg.Error as e:
+            log.warning("cannot refresh the table selection; retrying later", error=str(e))
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

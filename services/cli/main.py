@@ -1,4 +1,6 @@
-"""`tailrace`: run a pipeline locally (`up`), the end-to-end demo (`demo`)."""
+"""`tailrace`: run a pipeline locally (`up`), the end-to-end demo (`demo`), and the admin client
+for a running control service (`pipelines`, `checkpoints`, `schemas`, `drift`, `dlq`,
+`pause`, `resume`, `rewind`)."""
 
 from __future__ import annotations
 
@@ -6,10 +8,12 @@ import argparse
 import sys
 
 from tailrace.errors import ConfigError
+from tailrace_services.cli import admin
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tailrace", description=__doc__)
+    admin.connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start control, capture and delivery for a pipeline spec")
@@ -25,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="stop by itself after this many seconds (default: until Ctrl-C)")
     demo.add_argument("--dir", default=".tailrace/demo", help="logs and state (default %(default)s)")
 
+    admin.add_commands(sub)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -35,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             from tailrace_services.cli.demo import run_demo
 
             return run_demo(args.dir, args.duration)
+        if args.command in admin.COMMANDS:
+            return admin.run(args)
     except ConfigError as e:
         print(f"tailrace: invalid pipeline spec:\n{e}", file=sys.stderr)
         return 2

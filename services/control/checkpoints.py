@@ -9,11 +9,26 @@ import grpc
 from tailrace.events import position_key
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
+from tailrace_services.control.status import InvalidArgument
 from tailrace_services.control.storage import CasConflict, Storage
 
 
 def checkpoint_key(source_id: str, sink_id: str) -> str:
     return f"{source_id}::sink::{sink_id}"
+
+
+def describe(cp: pb.Checkpoint | None) -> str:
+    if cp is None:
+        return "none"
+    return f"tx {cp.position.tx_seq}.{cp.position.event_index} (version {cp.version})"
+
+
+class CheckpointConflict(Exception):
+    """A checkpoint is not at the version the caller read, or would move backwards."""
+
+    def __init__(self, sink_id: str, current: pb.Checkpoint | None, reason: str) -> None:
+        self.sink_id, self.current = sink_id, current
+        super().__init__(reason)
 
 
 class CheckpointStore:
@@ -32,21 +47,57 @@ class CheckpointStore:
 
     def commit(self, cp: pb.Checkpoint, expected_version: int) -> tuple[bool, pb.Checkpoint | None]:
         """Store `cp` if the stored version is `expected_version` and it does not go backwards."""
-        current = self.get(cp.source_id, cp.sink_id)
-        if current is not None and position_key(cp.position) < position_key(current.position):
-            return False, current
-        stored = pb.Checkpoint()
-        stored.CopyFrom(cp)
-        stored.updated_unix_ms = int(time.time() * 1000)
-        stored.version = 0
         try:
-            (version,) = self._storage.kv_cas(
-                [(checkpoint_key(cp.source_id, cp.sink_id), stored.SerializeToString(),
-                  expected_version)])
-        except CasConflict:
-            return False, self.get(cp.source_id, cp.sink_id)
-        stored.version = version
+            (stored,) = self.commit_many([(cp, expected_version)])
+        except CheckpointConflict as e:
+            return False, e.current
         return True, stored
+
+    def commit_many(self, items: list[tuple[pb.Checkpoint, int]]) -> list[pb.Checkpoint]:
+        """Advance several checkpoints in one multi-key compare-and-set: all or none.
+
+        Raises `CheckpointConflict` naming the first checkpoint that is not at the expected
+        version or that would move backwards.
+        """
+        now = int(time.time() * 1000)
+        writes, stored = [], []
+        for cp, expected in items:
+            current = self.get(cp.source_id, cp.sink_id)
+            if current is not None and current.version == expected and (
+                    position_key(cp.position) < position_key(current.position)):
+                raise CheckpointConflict(
+                    cp.sink_id, current,
+                    f"checkpoint of sink {cp.sink_id} would move backwards from "
+                    f"{describe(current)} to tx {cp.position.tx_seq}.{cp.position.event_index}")
+            new = _stamped(cp, now)
+            writes.append((checkpoint_key(cp.source_id, cp.sink_id), new.SerializeToString(),
+                           expected))
+            stored.append(new)
+        try:
+            versions = self._storage.kv_cas(writes)
+        except CasConflict as e:
+            source_id, _, sink_id = e.key.partition("::sink::")
+            current = self.get(source_id, sink_id)
+            raise CheckpointConflict(
+                sink_id, current,
+                f"checkpoint of sink {sink_id} is at version {e.actual}, not {e.expected} as "
+                "read: another delivery process moved it") from None
+        for cp, version in zip(stored, versions, strict=True):
+            cp.version = version
+        return stored
+
+    def overwrite(self, cp: pb.Checkpoint, expected_version: int) -> pb.Checkpoint:
+        """Set a checkpoint backwards (admin rewind/reset); still compare-and-set on the version."""
+        new = _stamped(cp, int(time.time() * 1000))
+        try:
+            (new.version,) = self._storage.kv_cas(
+                [(checkpoint_key(cp.source_id, cp.sink_id), new.SerializeToString(),
+                  expected_version)])
+        except CasConflict as e:
+            raise CheckpointConflict(cp.sink_id, self.get(cp.source_id, cp.sink_id),
+                                     f"checkpoint of sink {cp.sink_id} moved while rewinding "
+                                     f"(version {e.actual}); try again") from None
+        return new
 
     def list(self, source_id: str) -> list[pb.Checkpoint]:
         prefix = f"{source_id}::sink::" if source_id else ""
@@ -67,6 +118,14 @@ class CheckpointStore:
         return min(cps, key=lambda cp: position_key(cp.position))  # type: ignore[arg-type,return-value]
 
 
+def _stamped(cp: pb.Checkpoint, now_ms: int) -> pb.Checkpoint:
+    new = pb.Checkpoint()
+    new.CopyFrom(cp)
+    new.updated_unix_ms = now_ms
+    new.version = 0
+    return new
+
+
 class CheckpointsServicer(rpc.CheckpointsServicer):
     def __init__(self, store: CheckpointStore) -> None:
         self._store = store
@@ -80,8 +139,7 @@ class CheckpointsServicer(rpc.CheckpointsServicer):
                ) -> pb.CommitCheckpointResponse:
         cp = request.checkpoint
         if not cp.source_id or not cp.sink_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "checkpoint.source_id and checkpoint.sink_id are required")
+            raise InvalidArgument("checkpoint.source_id and checkpoint.sink_id are required")
         committed, current = self._store.commit(cp, request.expected_version)
         return pb.CommitCheckpointResponse(committed=committed, current=current)
 

@@ -1,16 +1,29 @@
-"""Epochs: cuts of the bus that never split a transaction, recorded by capture, read by delivery."""
+"""Epochs: cuts of the bus that never split a transaction, recorded by capture, read by delivery.
+
+The latest epoch per source is a KV entry; every recorded epoch is also appended to a
+per-source log (the last `HISTORY` are kept) for `Range` and for the admin's lag in seconds.
+"""
 
 from __future__ import annotations
 
 import grpc
 
+from tailrace.events import position_key
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
+from tailrace.proto.event_pb2 import Position
+from tailrace_services.control.status import require
 from tailrace_services.control.storage import Storage
+
+HISTORY = 10_000
 
 
 def _latest_key(source_id: str) -> str:
     return f"{source_id}::epoch::latest"
+
+
+def _history(source_id: str) -> str:
+    return f"epochs::{source_id}"
 
 
 class EpochStore:
@@ -25,10 +38,38 @@ class EpochStore:
                 epoch.end_offsets.get(p, 0) < o for p, o in latest.end_offsets.items()):
             return
         self._storage.kv_put(_latest_key(epoch.source_id), epoch.SerializeToString())
+        seq = self._storage.log_append(_history(epoch.source_id), epoch.SerializeToString())
+        if seq > HISTORY and seq % 1000 == 0:
+            self._storage.log_truncate(_history(epoch.source_id), seq - HISTORY)
 
     def latest(self, source_id: str) -> pb.Epoch | None:
         found = self._storage.kv_get(_latest_key(source_id))
         return pb.Epoch.FromString(found[0]) if found else None
+
+    def history(self, source_id: str) -> list[pb.Epoch]:
+        """Every retained epoch, oldest first."""
+        out: list[pb.Epoch] = []
+        after = 0
+        while True:
+            page = self._storage.log_read(_history(source_id), after=after, limit=1000)
+            out.extend(pb.Epoch.FromString(v) for _, v in page)
+            if len(page) < 1000:
+                return out
+            after = page[-1][0]
+
+    def range(self, source_id: str, after_epoch_id: int, up_to_epoch_id: int, limit: int
+              ) -> list[pb.Epoch]:
+        epochs = [e for e in self.history(source_id) if e.epoch_id > after_epoch_id
+                  and (up_to_epoch_id == 0 or e.epoch_id <= up_to_epoch_id)]
+        return epochs[:limit]
+
+    def at_or_before(self, source_id: str, position: Position) -> pb.Epoch | None:
+        """The last retained epoch whose position is at or before `position`."""
+        found = None
+        for epoch in self.history(source_id):
+            if position_key(epoch.position) <= position_key(position):
+                found = epoch
+        return found
 
 
 class EpochsServicer(rpc.EpochsServicer):
@@ -36,8 +77,7 @@ class EpochsServicer(rpc.EpochsServicer):
         self._store = store
 
     def Record(self, request: pb.Epoch, context: grpc.ServicerContext) -> pb.RecordEpochResponse:
-        if not request.source_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "epoch.source_id is required")
+        require(request, "source_id")
         self._store.record(request)
         return pb.RecordEpochResponse()
 
@@ -45,3 +85,10 @@ class EpochsServicer(rpc.EpochsServicer):
                ) -> pb.LatestEpochResponse:
         epoch = self._store.latest(request.source_id)
         return pb.LatestEpochResponse(found=epoch is not None, epoch=epoch)
+
+    def Range(self, request: pb.EpochRangeRequest, context: grpc.ServicerContext
+              ) -> pb.EpochRangeResponse:
+        require(request, "source_id")
+        return pb.EpochRangeResponse(epochs=self._store.range(
+            request.source_id, request.after_epoch_id, request.up_to_epoch_id,
+            request.limit or 1000))

@@ -33,17 +33,11 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
     for spec in pipeline.spec.sinks:
         key = (pipeline.name, spec.id)
         if key not in _SINKS:
-            sink = build_sink(spec, pipeline) if _takes_pipeline() else build_sink(spec)
+            sink = build_sink(spec, pipeline=pipeline.name)
             sink.open()
             _SINKS[key] = sink
         out.append(_SINKS[key])
     return out
-
-
-def _takes_pipeline() -> bool:
-    import inspect
-
-    return len(inspect.signature(build_sink).parameters) > 1
 
 
 def close_sinks(pipeline_name: str) -> None:

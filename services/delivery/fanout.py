@@ -20,7 +20,7 @@ from tailrace.events import position_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Position
 from tailrace.retry import call_with_retry
-from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, Sink
+from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, PerEventError, Sink
 
 log = get_logger(__name__)
 
@@ -105,13 +105,10 @@ def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: 
 def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_letter: bool,
            outcome: SinkOutcome) -> None:
     """One write; per-event failures go to the dead letters (when allowed) and the rest is resent."""
-    from tailrace_services.delivery.sinks import base
-
-    per_event_error = getattr(base, "PerEventError", None)
     try:
         sink.write(events, commit)
-    except Exception as e:
-        if per_event_error is None or not isinstance(e, per_event_error) or not dead_letter:
+    except PerEventError as e:
+        if not dead_letter:
             raise
         bad = {i for i, _ in e.failures}
         outcome.dead_letters.extend((events[i], f"sink {sink.id}: {reason}")

@@ -114,6 +114,7 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
     """Run the streaming query until it fails fatally (raises) or the process is stopped."""
     control = ControlClient(pipeline.spec.control.address)
     job = DeliveryJob(pipeline, control)
+    control.register_pipeline(pipeline)
     spark = spark_session(f"tailrace-delivery-{pipeline.name}", master)
     bus = pipeline.spec.bus
     trigger_ms = max(pipeline.spec.batch.max_ms, 100)

@@ -94,5 +94,8 @@ def test_a_zombie_commit_is_fatal_and_reported(delivery_rig, redis_server):
     while rig.error is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert rig.error is not None and "second delivery process" in str(rig.error)
-    health = {h.subject_id: h for h in rig.client.list_health()}
-    assert health[rig.name].state_name == "failed" or "failed" in str(health[rig.name]).lower()
+    from tailrace.proto import control_pb2 as pb
+
+    health = rig.client.get_health(rig.name)
+    assert health is not None and health.state == pb.HEALTH_FAILED
+    assert "second delivery process" in health.reason

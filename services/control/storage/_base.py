@@ -34,6 +34,10 @@ class CasConflict(Exception):
         super().__init__(f"{key}: expected version {expected}, stored version is {actual}")
 
 
+class StorageUnavailable(Exception):
+    """The backend cannot be reached right now (connection lost, database locked); retry."""
+
+
 @dataclass(frozen=True)
 class SlotLease:
     name: str

@@ -32,6 +32,11 @@ def checkpoint_name(pipeline: str, sink_id: str, partition: int, sep: str = ":")
     return f"{pipeline}{sep}{sink_id}{sep}{partition}"
 
 
+def describe(position: Position | None) -> str | None:
+    """A one-line form for logs: `tx_seq:event_index`."""
+    return None if position is None else f"{position.tx_seq}:{position.event_index}"
+
+
 def parse_position(raw: bytes | None) -> Position | None:
     if not raw:
         return None

@@ -28,7 +28,12 @@ from tailrace.envelopes import Encoder
 from tailrace.errors import FatalError, NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent, Position, key_bytes
 from tailrace.logs import get_logger, redact
-from tailrace_services.delivery.sinks._common import checkpoint_name, destination, headers
+from tailrace_services.delivery.sinks._common import (
+    checkpoint_name,
+    describe,
+    destination,
+    headers,
+)
 from tailrace_services.delivery.sinks._kafka_tx import (
     DeliveryErrors,
     Message,
@@ -214,7 +219,7 @@ class KafkaSink(Sink):
             writer = TransactionalWriter(self._client, self._producer_conf, tid,
                                          self.checkpoint_topic, key, self._timeout_s)
             log.info("transactional producer ready", sink=self.id, transactional_id=tid,
-                     stored_position=str(writer.stored).replace("\n", " ") or None)
+                     stored_position=describe(writer.stored))
             self._writers[tid] = writer
         return writer
 

@@ -1,0 +1,221 @@
+"""Table shapes: from each table-map event (the truth for the rows that follow it) and from
+information_schema (at DDL), one fingerprint for both, registered with the control service.
+
+A shape is the ordered list of (column name, type name, primary-key flag).
+Type names are normalised so the binlog's table map and information_schema
+spell a structure alike: `int unsigned`, `decimal(12,2)`, `varchar`,
+`datetime(6)`, `enum('a','b')`, `json`, `uuid` ... (lengths of character
+columns are left out: the table map gives bytes, the catalog characters).
+
+MariaDB's JSON (a LONGTEXT with a `json_valid` check), UUID and INET6 (16
+binary bytes in the binlog) are not recognisable in a table map; the catalog
+tells (`type hints`), looked up per table and forgotten at its next DDL.
+Hints only ever change how a value is presented, never which column it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysqlreplication.constants import FIELD_TYPE
+
+from tailrace.errors import FatalError
+
+__all__ = ["ColumnShape", "TableShape", "TypeHints", "catalog_shape", "fingerprint",
+           "shape_from_table_map"]
+
+_INT_NAMES = {FIELD_TYPE.TINY: "tinyint", FIELD_TYPE.SHORT: "smallint",
+              FIELD_TYPE.INT24: "mediumint", FIELD_TYPE.LONG: "int",
+              FIELD_TYPE.LONGLONG: "bigint"}
+_BLOB_PREFIX = {1: "tiny", 2: "", 3: "medium", 4: "long"}
+_SPATIAL = {"geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
+            "multipolygon", "geometrycollection"}
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnShape:
+    name: str
+    type: str  # normalised type name
+    key: bool
+    field_type: int = 0  # binlog FIELD_TYPE, 0 when from the catalog
+    max_length: int = 0  # bytes, for BINARY(n) padding
+    set_values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    database: str
+    table: str
+    columns: tuple[ColumnShape, ...]
+
+    @property
+    def key_columns(self) -> list[str]:
+        keys = [c.name for c in self.columns if c.key]
+        return keys or [c.name for c in self.columns]
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self)
+
+    def schema_json(self) -> str:
+        return json.dumps({"database": self.database, "table": self.table,
+                           "columns": [{"name": c.name, "type": c.type, "key": c.key}
+                                       for c in self.columns]})
+
+
+def fingerprint(shape: TableShape) -> str:
+    """SHA-256 of (database, table, [(name, type, key), ...])."""
+    doc = [shape.database, shape.table, [[c.name, c.type, c.key] for c in shape.columns]]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def _quote_list(values: list[str] | tuple[str, ...]) -> str:
+    return ",".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def _binary(column: Any) -> bool:
+    return getattr(column, "character_set_name", None) == "binary"
+
+
+def type_name(column: Any, hint: str | None = None) -> str:
+    """The normalised type of a table-map column (pymysqlreplication `Column`)."""
+    t = column.type
+    if t in _INT_NAMES:
+        return _INT_NAMES[t] + (" unsigned" if column.unsigned else "")
+    if t == FIELD_TYPE.NEWDECIMAL:
+        return f"decimal({column.precision},{column.decimals})"
+    if t == FIELD_TYPE.FLOAT:
+        return "float"
+    if t == FIELD_TYPE.DOUBLE:
+        return "double"
+    if t in (FIELD_TYPE.DATETIME2, FIELD_TYPE.TIMESTAMP2, FIELD_TYPE.TIME2):
+        base = {FIELD_TYPE.DATETIME2: "datetime", FIELD_TYPE.TIMESTAMP2: "timestamp",
+                FIELD_TYPE.TIME2: "time"}[t]
+        return f"{base}({column.fsp})" if column.fsp else base
+    simple = {FIELD_TYPE.DATETIME: "datetime", FIELD_TYPE.TIMESTAMP: "timestamp",
+              FIELD_TYPE.TIME: "time", FIELD_TYPE.DATE: "date", FIELD_TYPE.YEAR: "year",
+              FIELD_TYPE.JSON: "json", FIELD_TYPE.GEOMETRY: "geometry"}
+    if t in simple:
+        return simple[t]
+    if t == FIELD_TYPE.BIT:
+        return f"bit({column.bits})"
+    if t == FIELD_TYPE.ENUM:
+        return f"enum({_quote_list((column.enum_values or [''])[1:])})"
+    if t == FIELD_TYPE.SET:
+        return f"set({_quote_list(column.set_values or [])})"
+    if t == FIELD_TYPE.VARCHAR:
+        return "varbinary" if _binary(column) else "varchar"
+    if t == FIELD_TYPE.STRING:
+        if hint in ("uuid", "inet6", "inet4"):
+            return hint
+        return "binary" if _binary(column) else "char"
+    if t == FIELD_TYPE.BLOB:
+        if hint == "json":
+            return "json"
+        prefix = _BLOB_PREFIX.get(getattr(column, "length_size", 2), "")
+        return prefix + ("blob" if _binary(column) else "text")
+    raise FatalError(f"binlog column {column.name!r} has MySQL type code {t}, which Tailrace "
+                     "cannot decode")
+
+
+def shape_from_table_map(database: str, table: str, columns: list[Any],
+                         hints: dict[str, str]) -> TableShape:
+    """The shape of a table-map event; a column without a name is refused, never guessed."""
+    out = []
+    for i, column in enumerate(columns):
+        if not column.name:
+            raise FatalError(
+                f"the table map of {database}.{table} carries no name for column {i + 1}: "
+                "binlog_row_metadata must be FULL (SET GLOBAL binlog_row_metadata = 'FULL'); "
+                "names looked up now would be wrong for rows written before a DDL")
+        out.append(ColumnShape(
+            name=column.name, type=type_name(column, hints.get(column.name)),
+            key=bool(column.is_primary), field_type=column.type,
+            max_length=getattr(column, "max_length", 0) or 0,
+            set_values=tuple(column.set_values or ())))
+    return TableShape(database, table, tuple(out))
+
+
+_INFO_INT = re.compile(r"^(tinyint|smallint|mediumint|int|bigint)(\(\d+\))?( unsigned)?")
+
+
+def catalog_type(column_type: str, data_type: str, is_json: bool) -> str:
+    """information_schema's COLUMN_TYPE -> the normalised type name."""
+    ct = column_type.lower().replace(" zerofill", "").strip()
+    dt = data_type.lower()
+    if is_json or dt == "json":
+        return "json"
+    m = _INFO_INT.match(ct)
+    if m:
+        return m.group(1) + (" unsigned" if m.group(3) else "")
+    if dt in ("decimal", "numeric"):
+        digits = re.findall(r"\d+", ct)
+        precision, scale = (digits + ["10", "0"])[:2] if digits else ("10", "0")
+        return f"decimal({precision},{scale if len(digits) > 1 else '0'})"
+    if dt in ("datetime", "timestamp", "time"):
+        fsp = re.search(r"\((\d)\)", ct)
+        return f"{dt}({fsp.group(1)})" if fsp and fsp.group(1) != "0" else dt
+    if dt in ("varchar", "varbinary", "char", "binary", "float", "double", "date", "year",
+              "uuid", "inet6", "inet4"):
+        return "float" if dt == "float" else dt
+    if dt in ("enum", "set"):
+        return ct
+    if dt == "bit":
+        return ct
+    if dt in _SPATIAL:
+        return "geometry"
+    return dt  # tinytext, text, mediumtext, longtext and the blobs keep their name
+
+
+class TypeHints:
+    """MariaDB logical types per column (json, uuid, inet6, inet4), from the catalog."""
+
+    def __init__(self, flavor: str) -> None:
+        self.flavor = flavor
+        self._cache: dict[tuple[str, str], dict[str, str]] = {}
+
+    def forget(self, database: str, table: str) -> None:
+        self._cache.pop((database, table), None)
+
+    def get(self, conn: pymysql.connections.Connection | None, database: str, table: str
+            ) -> dict[str, str]:
+        key = (database, table)
+        if key not in self._cache:
+            if self.flavor != "mariadb" or conn is None:
+                self._cache[key] = {}
+            else:
+                self._cache[key] = {c.name: c.type for c in catalog_shape(conn, database,
+                                                                           table).columns
+                                    if c.type in ("json", "uuid", "inet6", "inet4")}
+        return self._cache[key]
+
+
+def _json_columns(conn: pymysql.connections.Connection, database: str, table: str) -> set[str]:
+    with conn.cursor() as cur:
+        try:
+            cur.execute("SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+                        "WHERE CONSTRAINT_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
+        except pymysql.err.MySQLError:
+            return set()
+        clauses = [str(row[0]) for row in cur.fetchall()]
+    return {m for c in clauses for m in re.findall(r"json_valid\(`((?:[^`]|``)+)`\)", c)}
+
+
+def catalog_shape(conn: pymysql.connections.Connection, database: str, table: str
+                  ) -> TableShape:
+    """The table's shape as information_schema tells it now (empty when it does not exist)."""
+    json_cols = _json_columns(conn, database, table)
+    with conn.cursor() as cur:
+        cur.execute("SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, COLUMN_KEY FROM "
+                    "information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+                    "ORDER BY ORDINAL_POSITION", (database, table))
+        rows = cur.fetchall()
+    return TableShape(database, table, tuple(
+        ColumnShape(name=str(name), type=catalog_type(str(ctype), str(dtype), name in json_cols),
+                    key=str(key) == "PRI")
+        for name, ctype, dtype, key in rows))

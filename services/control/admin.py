@@ -1,0 +1,148 @@
+"""The admin API: pipelines and their state, pause/resume, checkpoints per sink with lag,
+rewind/reset of a sink's checkpoint. Mutations need the admin token (see auth.py).
+
+Lag of a sink: `lag_offsets` — bus records between its checkpoint and the latest epoch,
+summed over partitions; `lag_seconds` — the latest epoch's time minus the time of the
+last epoch the sink's checkpoint reached.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from tailrace.events import position_key
+from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
+from tailrace.proto import control_pb2_grpc as rpc
+from tailrace_services.control.checkpoints import CheckpointConflict, CheckpointStore, describe
+from tailrace_services.control.epochs import EpochStore
+from tailrace_services.control.pipelines import PipelineRegistry
+from tailrace_services.control.status import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    require,
+)
+
+log = get_logger(__name__)
+
+
+def lag(cp: pb.Checkpoint | None, latest: pb.Epoch | None, history: list[pb.Epoch]
+        ) -> tuple[int, float]:
+    """(offsets behind, seconds behind) of one sink."""
+    if latest is None:
+        return 0, 0.0
+    offsets = sum(max(0, end - (cp.bus_offsets.get(p, 0) if cp is not None else 0))
+                  for p, end in latest.end_offsets.items())
+    if offsets == 0 and cp is not None:
+        return 0, 0.0
+    reached = None
+    if cp is not None:
+        reached = next((e for e in reversed(history)
+                        if position_key(e.position) <= position_key(cp.position)), None)
+    if reached is None and history:  # before the oldest retained epoch: at least this much
+        reached = history[0]
+    if reached is None:
+        return offsets, 0.0
+    return offsets, max(0, latest.ts_unix_ms - reached.ts_unix_ms) / 1000
+
+
+class AdminServicer(rpc.AdminServicer):
+    def __init__(self, pipelines: PipelineRegistry, checkpoints: CheckpointStore,
+                 epochs: EpochStore) -> None:
+        self._pipelines = pipelines
+        self._checkpoints = checkpoints
+        self._epochs = epochs
+
+    def RegisterPipeline(self, request: pb.PipelineInfo, context: grpc.ServicerContext
+                         ) -> pb.RegisterPipelineResponse:
+        return pb.RegisterPipelineResponse(pipeline=self._pipelines.register(request))
+
+    def ListPipelines(self, request: pb.ListPipelinesRequest, context: grpc.ServicerContext
+                      ) -> pb.ListPipelinesResponse:
+        return pb.ListPipelinesResponse(pipelines=self._pipelines.list())
+
+    def GetPipeline(self, request: pb.PipelineRef, context: grpc.ServicerContext
+                    ) -> pb.PipelineInfo:
+        require(request, "name")
+        info = self._pipelines.get(request.name)
+        if info is None:  # services poll this before they register: not an error
+            return pb.PipelineInfo(name=request.name, state=pb.PIPELINE_UNKNOWN,
+                                   reason=f"pipeline {request.name} is not registered")
+        return info
+
+    def Pause(self, request: pb.PauseRequest, context: grpc.ServicerContext) -> pb.PipelineInfo:
+        require(request, "name")
+        return self._pipelines.pause(request.name, request.reason)
+
+    def Resume(self, request: pb.PipelineRef, context: grpc.ServicerContext) -> pb.PipelineInfo:
+        require(request, "name")
+        return self._pipelines.resume(request.name)
+
+    def Checkpoints(self, request: pb.PipelineRef, context: grpc.ServicerContext
+                    ) -> pb.SinkCheckpointsResponse:
+        require(request, "name")
+        info = self._pipelines.must_get(request.name)
+        latest = self._epochs.latest(info.source_id)
+        history = self._epochs.history(info.source_id) if latest is not None else []
+        out = pb.SinkCheckpointsResponse(pipeline=info.name, source_id=info.source_id,
+                                         latest_epoch=latest)
+        for sink in info.sinks:
+            cp = self._checkpoints.get(info.source_id, sink.id)
+            offsets, seconds = lag(cp, latest, history)
+            out.sinks.append(pb.SinkCheckpoint(
+                sink_id=sink.id, required=sink.required, found=cp is not None, checkpoint=cp,
+                lag_offsets=offsets, lag_seconds=seconds))
+        return out
+
+    def Rewind(self, request: pb.RewindRequest, context: grpc.ServicerContext
+               ) -> pb.RewindResponse:
+        require(request, "pipeline", "sink_id")
+        info = self._pipelines.must_get(request.pipeline)
+        sink_ids = [s.id for s in info.sinks]
+        if request.sink_id not in sink_ids:
+            raise NotFound(f"pipeline {info.name} has no sink {request.sink_id!r}; its sinks: "
+                           + ", ".join(sink_ids))
+        target = request.WhichOneof("target")
+        if target is None:
+            raise InvalidArgument("say where to: to_sequence (--to-sequence N) or reset (--reset)")
+        if request.confirm != request.sink_id:
+            raise FailedPrecondition(
+                f"rewinding sink {request.sink_id} re-delivers what it already has; confirm by "
+                f"repeating the sink id (--confirm {request.sink_id})")
+        if not self._pipelines.is_paused(info.name):
+            raise FailedPrecondition(f"pipeline {info.name} is running; pause it first "
+                                     f"(tailrace pause {info.name}), rewind, then resume")
+        current = self._checkpoints.get(info.source_id, request.sink_id)
+        if current is None:
+            raise FailedPrecondition(f"sink {request.sink_id} has no checkpoint yet; it already "
+                                     "starts from the earliest available position")
+        new = pb.Checkpoint(pipeline=info.name, source_id=info.source_id, sink_id=request.sink_id)
+        if target == "to_sequence":
+            if request.to_sequence >= current.position.tx_seq:
+                raise FailedPrecondition(
+                    f"rewind moves backwards only: sink {request.sink_id} is at {describe(current)}"
+                    f", asked for tx {request.to_sequence}")
+            epoch = self._epoch_at(info.source_id, request.to_sequence)
+            new.position.CopyFrom(epoch.position)
+            for p, o in epoch.end_offsets.items():
+                new.bus_offsets[p] = o
+        try:
+            stored = self._checkpoints.overwrite(new, current.version)
+        except CheckpointConflict as e:
+            raise Aborted(str(e)) from None
+        log.warning("sink checkpoint rewound", pipeline=info.name, sink=request.sink_id,
+                    before=describe(current), after="earliest" if target == "reset" else
+                    describe(stored))
+        return pb.RewindResponse(before=current, after=stored)
+
+    def _epoch_at(self, source_id: str, tx_seq: int) -> pb.Epoch:
+        history = self._epochs.history(source_id)
+        found = [e for e in history if e.position.tx_seq <= tx_seq]
+        if not found:
+            oldest = (f"tx {history[0].position.tx_seq}" if history else "none")
+            raise FailedPrecondition(
+                f"no epoch at or before tx {tx_seq} is retained (oldest retained: {oldest}); "
+                "use --reset to replay from the earliest available position")
+        return found[-1]

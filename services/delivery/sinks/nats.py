@@ -1,0 +1,256 @@
+"""NATS JetStream sink (nats-py): publish with `Nats-Msg-Id`, wait for every ack.
+
+The server drops a message whose `Nats-Msg-Id` it stored within the stream's
+`duplicate_window`; the id is the event's idempotency key, identical across replays,
+so a batch re-sent inside the window is stored once. Beyond the window a replay
+stores duplicates: size the window above the longest outage plus restart you want
+covered (docs/guarantees.md). At `open()` the stream is created if missing, and
+its window raised to `duplicate_window_s` if it is shorter.
+
+nats-py is asyncio; the sink runs a private event loop in a thread and calls it
+from the runtime's (synchronous) thread. A batch is published in order on one
+connection (`publish_async`), then all acks are awaited; a lost connection or a
+missing ack fails the batch (retryable) and the next write reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck, StreamConfig
+
+from tailrace.config._model import NatsSinkSpec
+from tailrace.envelopes import Encoder
+from tailrace.errors import NonRetryableError, RetryableError
+from tailrace.events import ChangeEvent
+from tailrace.logs import get_logger, redact
+from tailrace_services.delivery.sinks._common import destination, headers
+from tailrace_services.delivery.sinks.base import (
+    BatchCommit,
+    ErrorClass,
+    PerEventError,
+    RetryPolicy,
+    Sink,
+    classify_default,
+)
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+_AUTH = (nats.errors.AuthorizationError, nats.errors.InvalidUserCredentialsError)
+_RETRYABLE = (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+              nats.errors.NoServersError, nats.errors.StaleConnectionError,
+              nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
+              nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError,
+              nats.js.errors.TooManyStalledMsgsError, ConnectionError, OSError,
+              asyncio.TimeoutError)
+
+
+def classify_nats(error: BaseException) -> ErrorClass:
+    """Auth, no responders (no stream for the subject), bad requests: fail now; transport: retry."""
+    if isinstance(error, _AUTH) or "authorization violation" in str(error).lower():
+        return ErrorClass.NON_RETRYABLE
+    if isinstance(error, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError
+                  | nats.errors.MaxPayloadError | nats.js.errors.BadRequestError):
+        return ErrorClass.NON_RETRYABLE
+    if isinstance(error, _RETRYABLE):
+        return ErrorClass.RETRYABLE
+    return classify_default(error)
+
+
+def subject_filter(template: str) -> str:
+    """The stream subject that covers a subject template: `cdc.{database}.{table}` -> `cdc.*.>`."""
+    tokens = template.split(".")
+    out = ["*" if "{" in t else t for t in tokens]
+    if "{" in tokens[-1]:
+        out[-1] = ">"
+    return ".".join(out)
+
+
+class NatsSink(Sink):
+    retry = RetryPolicy(base_s=0.05, max_s=5.0, attempts=3)
+
+    def __init__(self, spec: NatsSinkSpec, *, pipeline: str | None = None,
+                 timeout_s: float = 10.0) -> None:
+        self.id = spec.id
+        self.required = spec.required
+        self._spec = spec
+        self._timeout_s = timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._stream_checked = False
+        self.duplicates_dropped = 0  # acks the server marked duplicate, since start
+
+    # -- the private event loop -----------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                            name=f"nats-sink-{self.id}")
+            self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._nc is not None and self._nc.is_connected:
+            return
+        self._drop_connection()
+        try:
+            self._run(self._connect(), self._timeout_s + 5)
+        except Exception as e:
+            self._drop_connection()
+            raise self._error("cannot connect", e) from None
+
+    async def _connect(self) -> None:
+        async def on_error(e: Exception) -> None:
+            log.debug("nats client error", sink=self.id, error=redact(str(e)))
+
+        self._nc = await nats.connect(
+            self._spec.url.get_secret_value(), name=f"tailrace-sink-{self.id}",
+            connect_timeout=max(int(self._timeout_s), 1), allow_reconnect=False,
+            max_reconnect_attempts=0, error_cb=on_error)
+        self._js = self._nc.jetstream(timeout=self._timeout_s)
+        if not self._stream_checked:
+            await self._ensure_stream(self._js)
+            self._stream_checked = True
+
+    async def _ensure_stream(self, js: JetStreamContext) -> None:
+        name, window = self._spec.stream, self._spec.duplicate_window_s
+        try:
+            info = await js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            subjects = [subject_filter(self._spec.subject)]
+            await js.add_stream(name=name, subjects=subjects, duplicate_window=window)
+            log.info("stream created", sink=self.id, stream=name, subjects=subjects,
+                     duplicate_window_s=window)
+            return
+        config: StreamConfig = info.config
+        if (config.duplicate_window or 0) < window:
+            log.warning("stream duplicate window raised", sink=self.id, stream=name,
+                        was_s=config.duplicate_window, now_s=window)
+            config.duplicate_window = window
+            await js.update_stream(config)
+
+    def close(self) -> None:
+        self._drop_connection()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._loop.close()
+            self._loop = self._thread = None
+
+    def _drop_connection(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                self._run(nc.close(), 5)
+            except Exception as e:  # closing a broken connection may fail; it is gone either way
+                log.debug("nats close failed", sink=self.id, error=redact(str(e)))
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
+        self.open()
+        assert self._nc is not None
+        messages = self._messages(events, self._nc.max_payload)
+        try:
+            acks = self._run(self._publish(messages), self._timeout_s + 5)
+        except Exception as e:
+            self._drop_connection()
+            raise self._error("publish failed", e) from None
+        dropped = sum(1 for a in acks if a.duplicate)
+        if dropped:
+            self.duplicates_dropped += dropped
+            log.info("server dropped duplicates", sink=self.id, duplicates=dropped)
+
+    def _messages(self, events: Sequence[ChangeEvent], max_payload: int
+                  ) -> list[tuple[str, bytes, dict[str, str]]]:
+        encoder = Encoder(self._spec.envelope)
+        out: list[tuple[str, bytes, dict[str, str]]] = []
+        failures: list[tuple[int, str]] = []
+        for i, event in enumerate(events):
+            try:
+                hdrs = {"Nats-Msg-Id": event.idempotency_key,
+                        **headers(event, encoder.content_type)}
+                msg = (destination(self._spec.subject, event), encoder.encode(event), hdrs)
+            except (KeyError, ValueError, TypeError) as e:
+                failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
+                continue
+            size = len(msg[1]) + sum(len(k) + len(v) + 4 for k, v in hdrs.items())
+            if size > max_payload:
+                failures.append((i, f"message too large: {size} bytes > the server's max_payload "
+                                    f"{max_payload}"))
+            out.append(msg)
+        if failures:
+            raise PerEventError(f"nats sink {self.id}: {len(failures)} event(s) cannot be "
+                                f"published; first: {failures[0][1]}", failures)
+        return out
+
+    async def _publish(self, messages: Sequence[tuple[str, bytes, dict[str, str]]]
+                       ) -> list[PubAck]:
+        """Publish in order, then wait for every ack; fail fast when the connection drops."""
+        nc, js = self._nc, self._js
+        assert nc is not None and js is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        futures = [await js.publish_async(subject, payload, headers=dict(hdrs),
+                                          wait_stall=self._timeout_s)
+                   for subject, payload, hdrs in messages]
+        pending: set[asyncio.Future[PubAck]] = set(futures)
+        try:
+            while pending:
+                _, pending = await asyncio.wait(pending, timeout=0.1)
+                failed = next((f for f in futures
+                               if f.done() and not f.cancelled() and f.exception()), None)
+                if failed is not None:
+                    raise failed.exception()  # type: ignore[misc]
+                if pending and (nc.is_closed or not nc.is_connected):
+                    raise nats.errors.ConnectionClosedError
+                if pending and loop.time() > deadline:
+                    raise nats.errors.TimeoutError
+        finally:
+            for f in futures:  # retrieve or cancel the rest: no "exception never retrieved"
+                if f.done() and not f.cancelled():
+                    f.exception()
+                else:
+                    f.cancel()
+        return [f.result() for f in futures]
+
+    # -- errors ------------------------------------------------------------------------
+
+    def classify(self, error: BaseException) -> ErrorClass:
+        return classify_nats(error)
+
+    def _error(self, what: str, error: BaseException) -> Exception:
+        text = redact(f"{type(error).__name__}: {error}")
+        cls = classify_nats(error)
+        if isinstance(error, _AUTH) or "authorization violation" in text.lower():
+            return NonRetryableError(
+                f"nats sink {self.id}: authentication failed ({text}); check the user and "
+                "password in spec.sinks[].url (nats://user:password@host:port)")
+        if isinstance(error, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
+            return NonRetryableError(
+                f"nats sink {self.id}: no JetStream stream stores the subject (no responders); "
+                f"add the subject to stream {self._spec.stream}'s subjects "
+                f"(e.g. {subject_filter(self._spec.subject)}) or fix spec.sinks[].subject")
+        if cls is ErrorClass.RETRYABLE:
+            return RetryableError(f"nats sink {self.id}: {what}: {text}")
+        return NonRetryableError(f"nats sink {self.id}: {what}: {text}")

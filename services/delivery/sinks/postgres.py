@@ -1,0 +1,296 @@
+"""PostgreSQL sink (psycopg 3): a replica of the source tables, exactly-once.
+
+Each write is one database transaction:
+1. lock this sink's row in `tailrace_checkpoints` (created if missing) and read the
+   stored position; drop the events at or before it (a replayed batch);
+2. apply the rest in order, consecutive rows of one table and shape in one
+   `executemany`: inserts/updates/snapshot reads as `INSERT … ON CONFLICT (pk) DO
+   UPDATE`, deletes by primary key, truncates as `TRUNCATE`; a missing table is
+   created; columns the table lacks are added with `follow_ddl: true`, else the
+   write fails and says so;
+3. store the batch's position in the checkpoint row and commit.
+The rows and the checkpoint commit together or not at all, so a crash or a retry
+never applies a batch twice; the row lock serialises two writers of one sink.
+Values a PostgreSQL source did not send (unchanged TOAST) keep the target's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import groupby
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from tailrace.config._model import PostgresSinkSpec
+from tailrace.errors import NonRetryableError, RetryableError
+from tailrace.events import ChangeEvent, Column, Op, Position
+from tailrace.logs import get_logger, redact
+from tailrace_services.delivery.sinks._common import (
+    advances,
+    destination,
+    fresh_indexes,
+    parse_position,
+)
+from tailrace_services.delivery.sinks._pg_schema import (
+    TableCache,
+    parameter,
+    source_kind,
+)
+from tailrace_services.delivery.sinks.base import (
+    BatchCommit,
+    ErrorClass,
+    RetryPolicy,
+    Sink,
+    classify_default,
+)
+
+log = get_logger(__name__)
+
+CHECKPOINT_TABLE = "tailrace_checkpoints"
+_CREATE_CHECKPOINTS = f"""
+CREATE TABLE IF NOT EXISTS {CHECKPOINT_TABLE} (
+    pipeline text NOT NULL,
+    sink_id text NOT NULL,
+    partition integer NOT NULL DEFAULT 0,
+    position bytea,
+    tx_seq numeric(20, 0),
+    event_index bigint,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, sink_id, partition)
+)"""
+_LOCK_CHECKPOINT = f"""
+INSERT INTO {CHECKPOINT_TABLE} (pipeline, sink_id, partition) VALUES (%s, %s, %s)
+ON CONFLICT (pipeline, sink_id, partition) DO UPDATE SET pipeline = EXCLUDED.pipeline
+RETURNING position"""
+_STORE_CHECKPOINT = f"""
+UPDATE {CHECKPOINT_TABLE} SET position = %s, tx_seq = %s, event_index = %s, updated_at = now()
+WHERE pipeline = %s AND sink_id = %s AND partition = %s"""
+
+_RETRYABLE_STATES = ("08", "53", "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "58")
+_AUTH_TEXT = ("password authentication failed", "no pg_hba.conf entry", "role \"",
+              "authentication failed", "database \"")
+
+
+def classify_postgres(error: BaseException) -> ErrorClass:
+    """SQLSTATE classes as Debezium does: communication retryable, auth (28) and the rest not."""
+    state = getattr(error, "sqlstate", None)
+    if state:
+        if state.startswith(_RETRYABLE_STATES):
+            return ErrorClass.RETRYABLE
+        return ErrorClass.NON_RETRYABLE
+    if isinstance(error, psycopg.OperationalError):
+        text = str(error)
+        if any(t in text for t in _AUTH_TEXT):
+            return ErrorClass.NON_RETRYABLE
+        return ErrorClass.RETRYABLE  # refused, reset, timed out, server gone
+    if isinstance(error, psycopg.InterfaceError):
+        return ErrorClass.RETRYABLE  # the connection is closed
+    return classify_default(error)
+
+
+class PostgresSink(Sink):
+    retry = RetryPolicy(base_s=0.1, max_s=10.0, attempts=3)
+
+    def __init__(self, spec: PostgresSinkSpec, *, pipeline: str | None = None,
+                 timeout_s: float = 10.0) -> None:
+        self.id = spec.id
+        self.required = spec.required
+        self._spec = spec
+        self._pipeline = pipeline
+        self._timeout_s = timeout_s
+        self.follow_ddl: bool = bool(getattr(spec, "follow_ddl", False))
+        self._conn: psycopg.Connection[Any] | None = None
+        self._tables = TableCache()
+        self._sql: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            return
+        try:
+            conn = psycopg.connect(self._spec.dsn.get_secret_value(),
+                                   connect_timeout=max(int(self._timeout_s), 2),
+                                   application_name=f"tailrace-sink-{self.id}", autocommit=True)
+            conn.execute("SET TIME ZONE 'UTC'")
+            conn.execute(_CREATE_CHECKPOINTS)
+        except Exception as e:
+            raise self._error("cannot connect", e) from None
+        self._conn = conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._tables.forget()
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
+        self.open()
+        conn = self._conn
+        assert conn is not None
+        try:
+            with conn.transaction():
+                todo: Sequence[ChangeEvent] = events
+                stored: Position | None = None
+                if commit is not None:
+                    self._pipeline = commit.pipeline
+                    row = conn.execute(_LOCK_CHECKPOINT, [commit.pipeline, self.id,
+                                                          commit.partition]).fetchone()
+                    stored = parse_position(row[0] if row else None)
+                    todo = [events[i] for i in fresh_indexes(events, stored)]
+                    if len(todo) < len(events):
+                        log.info("replayed events skipped", sink=self.id,
+                                 skipped=len(events) - len(todo))
+                self._apply(conn, todo)
+                if commit is not None and advances(commit, stored):
+                    p = commit.position
+                    conn.execute(_STORE_CHECKPOINT, [p.SerializeToString(), p.tx_seq,
+                                                     p.event_index, commit.pipeline, self.id,
+                                                     commit.partition])
+        except Exception as e:
+            self._tables.forget()  # DDL of the failed transaction was rolled back
+            if classify_postgres(e) is ErrorClass.RETRYABLE or conn.broken:
+                self.close()
+            raise self._error("write failed", e) from None
+
+    def _apply(self, conn: psycopg.Connection[Any], events: Sequence[ChangeEvent]) -> None:
+        with conn.pipeline(), conn.cursor() as cur:  # one round trip for the batch
+            for (kind, name, cols), group in groupby(_statements(events, self._spec.table),
+                                                     key=lambda s: s[:3]):
+                rows = [s[3] for s in group]
+                table = _identifier(name)
+                first = rows[0]
+                if kind == "truncate":
+                    if self._tables.columns(conn, table, name):
+                        cur.execute(sql.SQL("TRUNCATE TABLE {}").format(table))
+                    continue
+                known = self._tables.columns(conn, table, name)
+                if not known:
+                    if kind == "delete":
+                        continue  # nothing to delete in a table that does not exist
+                    event = first.event
+                    self._tables.create(conn, table, name, list(event.after.columns),
+                                        list(event.key_columns), source_kind(event))
+                    log.info("target table created", sink=self.id, table=name)
+                    known = self._tables.columns(conn, table, name)
+                missing = [c for c in first.columns if c.name not in known]
+                if missing:
+                    self._add_columns(conn, table, name, missing, first.event)
+                statement = self._sql.get((kind, name, cols, first.keys))
+                if statement is None:
+                    statement = _sql(kind, table, cols, first.keys).as_string(conn)
+                    self._sql[(kind, name, cols, first.keys)] = statement
+                cur.executemany(statement, [r.params for r in rows])
+
+    def _add_columns(self, conn: psycopg.Connection[Any], table: sql.Composable, name: str,
+                     missing: list[Column], event: ChangeEvent) -> None:
+        names = ", ".join(c.name for c in missing)
+        if not self.follow_ddl:
+            raise NonRetryableError(
+                f"postgres sink {self.id}: target table {name} has no column(s) {names} "
+                f"(seen in {event.database}.{event.table}); add them to the table, or set "
+                "follow_ddl: true on the sink to add columns automatically")
+        self._tables.add_columns(conn, table, name, missing, source_kind(event))
+        log.info("target columns added", sink=self.id, table=name, columns=names)
+
+    def stored_position(self, partition: int = 0) -> Position | None:
+        if self._pipeline is None:
+            return None
+        self.open()
+        assert self._conn is not None
+        try:
+            row = self._conn.execute(
+                f"SELECT position FROM {CHECKPOINT_TABLE} WHERE pipeline = %s AND sink_id = %s"
+                " AND partition = %s", [self._pipeline, self.id, partition]).fetchone()
+        except Exception as e:
+            self.close()
+            raise self._error("cannot read the checkpoint", e) from None
+        return parse_position(row[0] if row else None)
+
+    # -- errors ------------------------------------------------------------------------
+
+    def classify(self, error: BaseException) -> ErrorClass:
+        return classify_postgres(error)
+
+    def _error(self, what: str, error: BaseException) -> Exception:
+        if isinstance(error, NonRetryableError | RetryableError):
+            return error
+        text = redact(f"{type(error).__name__}: {error}".strip())
+        state = getattr(error, "sqlstate", None) or ""
+        if state.startswith("28") or (isinstance(error, psycopg.OperationalError) and any(
+                t in text for t in _AUTH_TEXT[:3])):
+            return NonRetryableError(
+                f"postgres sink {self.id}: authentication failed ({text}); check the user and "
+                "password in spec.sinks[].dsn")
+        if state == "42P10":
+            return NonRetryableError(
+                f"postgres sink {self.id}: {text}; the target table needs a primary key or "
+                "unique index on the source's key columns")
+        if classify_postgres(error) is ErrorClass.RETRYABLE:
+            return RetryableError(f"postgres sink {self.id}: {what}: {text}")
+        return NonRetryableError(f"postgres sink {self.id}: {what}: {text}")
+
+
+# -- statements --------------------------------------------------------------------------
+
+class _Row:
+    """One statement's parameters, with the event it came from."""
+
+    __slots__ = ("columns", "event", "keys", "params")
+
+    def __init__(self, event: ChangeEvent, columns: list[Column], keys: tuple[str, ...]) -> None:
+        self.event, self.columns, self.keys = event, columns, keys
+        self.params = [parameter(c.value) for c in columns]
+
+
+def _identifier(name: str) -> sql.Composable:
+    return sql.Identifier(*name.split(".", 1))
+
+
+def _statements(events: Sequence[ChangeEvent], template: str
+                ) -> Iterator[tuple[str, str, tuple[str, ...], _Row]]:
+    """(kind, table, column names, row) per statement, in event order."""
+    for event in events:
+        name = destination(template, event)
+        keys = tuple(event.key_columns)
+        if event.op == Op.OP_TRUNCATE:
+            yield "truncate", name, (), _Row(event, [], keys)
+        elif event.op == Op.OP_DELETE:
+            row = event.before if event.before.columns else event.after
+            cols = [c for c in row.columns if c.name in keys]
+            yield "delete", name, tuple(c.name for c in cols), _Row(event, cols, keys)
+        elif event.op in (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_SNAPSHOT_READ):
+            old = {c.name: c.value for c in event.before.columns if c.name in keys}
+            new_key = [c for c in event.after.columns if c.name in keys]
+            if old and any(old.get(c.name) != c.value for c in new_key):
+                old_cols = [c for c in event.before.columns if c.name in keys]
+                yield ("delete", name, tuple(c.name for c in old_cols),
+                       _Row(event, old_cols, keys))  # the key changed: move the row
+            cols = [c for c in event.after.columns
+                    if c.value.WhichOneof("kind") != "unchanged_toast"]
+            yield "upsert", name, tuple(c.name for c in cols), _Row(event, cols, keys)
+        # DDL events: the source's dialect is not replayed; added columns are followed
+        # from the rows (follow_ddl)
+
+
+def _sql(kind: str, table: sql.Composable, cols: tuple[str, ...], keys: tuple[str, ...]
+         ) -> sql.Composed:
+    if kind == "delete":
+        where = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols)
+        return sql.SQL("DELETE FROM {} WHERE {}").format(table, where)
+    names = sql.SQL(", ").join(map(sql.Identifier, cols))
+    values = sql.SQL(", ").join(sql.Placeholder() * len(cols))
+    insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(table, names, values)
+    if not keys:
+        return insert
+    updates = [sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in cols
+               if c not in keys]
+    conflict = sql.SQL(", ").join(map(sql.Identifier, keys))
+    if not updates:
+        return sql.SQL("{} ON CONFLICT ({}) DO NOTHING").format(insert, conflict)
+    return sql.SQL("{} ON CONFLICT ({}) DO UPDATE SET {}").format(
+        insert, conflict, sql.SQL(", ").join(updates))

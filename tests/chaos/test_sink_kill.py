@@ -1,0 +1,208 @@
+"""kill -9 of a process writing batches through a sink, ten times at random points.
+
+The driver (`tests.fix_sinks drive`) uses the sink as the runtime does and commits no
+checkpoint of its own, so every restart re-sends the source from its first batch: only
+the checkpoint an exactly-once sink stores with the data keeps the result free of
+duplicates. The at-least-once Kafka run keeps a runtime-style checkpoint after each
+acknowledged batch instead, and shows (prints) the duplicates that tier allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition  # type: ignore[attr-defined]
+
+from tailrace.events import ChangeEvent
+from tests.fix_sinks import final_state, save_events, source_events
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+KILLS = 10
+
+
+@dataclass
+class KillRun:
+    kills: int
+    acked_before_kill: list[int]
+    output: str
+
+
+def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, seed: int,
+                   batch: int = 500, control: bool = False, pipeline: str = "chaos") -> KillRun:
+    """Start the driver and SIGKILL it `KILLS` times, each time a little further on (after
+    0-2 batches past the furthest acknowledged so far, plus a random part of the next
+    write); then let it finish."""
+    rng = random.Random(seed)
+    cmd = [sys.executable, "-m", "tests.fix_sinks", "drive", "--spec", json.dumps(spec),
+           "--pipeline", pipeline, "--events-file", str(events_file), "--batch", str(batch)]
+    if control:
+        cmd += ["--control-file", str(workdir / "control.ckpt")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    kills, acked, furthest = 0, [], -1
+    for attempt in range(KILLS + 1):
+        out = workdir / f"driver-{attempt}.out"
+        with open(out, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        if attempt == KILLS:  # the last run goes to the end
+            assert proc.wait(timeout=240) == 0, out.read_text()[-3000:]
+            assert "finished" in out.read_text()
+            break
+        target = furthest + rng.randint(0, 2)
+        deadline = time.monotonic() + 120
+        while _last_acked(out) < target and "finished" not in out.read_text():
+            assert proc.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the driver made no progress"
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.25))
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL: no cleanup, no abort, mid-write as likely as not
+            kills += 1
+        proc.wait()
+        furthest = max(furthest, _last_acked(out))
+        acked.append(furthest)
+    return KillRun(kills, acked, out.read_text())
+
+
+def _last_acked(out: Path) -> int:
+    lines = [ln for ln in out.read_text().splitlines() if ln.startswith("batch ")]
+    return int(lines[-1].split()[1]) if lines else -1
+
+
+@pytest.fixture(scope="module")
+def events_20k(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[ChangeEvent], Path]:
+    events = source_events(20_000, seed=11, max_tx=12)
+    path = tmp_path_factory.mktemp("src") / "events.bin"
+    save_events(path, events)
+    return events, path
+
+
+@pytest.fixture(scope="module")
+def events_50k(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[ChangeEvent], Path]:
+    events = source_events(50_000, seed=13, max_tx=12)
+    path = tmp_path_factory.mktemp("src") / "events.bin"
+    save_events(path, events)
+    return events, path
+
+
+def report(name: str, run: KillRun, **figures: Any) -> None:
+    extra = " ".join(f"{k}={v}" for k, v in figures.items())
+    print(f"\n[{name}] kills={run.kills} furthest batch acked at each kill={run.acked_before_kill} "
+          f"{extra}")
+
+
+# -- Redis ---------------------------------------------------------------------------------
+
+def test_redis_exactly_once_through_ten_kills(redis_server: Any, events_20k: Any,
+                                              tmp_path: Path) -> None:
+    events, path = events_20k
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    spec = {"id": "r1", "type": "redis", "url": redis_server.url, "stream": prefix + ".{table}"}
+    run = run_with_kills(spec, path, tmp_path, seed=1, pipeline=prefix)
+    client = redis.Redis.from_url(redis_server.url)
+    for table in ("orders", "items"):
+        got = [f[b"id"].decode() for _, f in client.xrange(f"{prefix}.{table}")]
+        assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicate entries"
+        assert got == [e.id for e in events if e.table == table]  # all, once, in source order
+    report("redis", run, entries=len(events))
+    assert run.kills == KILLS
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+def test_postgres_exactly_once_through_ten_kills(pg_db: str, events_20k: Any,
+                                                 tmp_path: Path) -> None:
+    events, path = events_20k
+    with psycopg.connect(pg_db, autocommit=True) as conn:  # count every applied row change
+        conn.execute("CREATE TABLE audit (n bigserial, op text)")
+        conn.execute("CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                     "INSERT INTO audit (op) VALUES (TG_OP); RETURN NULL; END $$")
+        for table in ("orders", "items"):
+            conn.execute(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric(12,2), "
+                         "note text, changed_at timestamptz, version bigint)")
+            conn.execute(f"CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON {table} "
+                         "FOR EACH ROW EXECUTE FUNCTION audit()")
+    spec = {"id": "pg1", "type": "postgres", "dsn": pg_db}
+    run = run_with_kills(spec, path, tmp_path, seed=2)
+    with psycopg.connect(pg_db) as conn:
+        rows = conn.execute("SELECT 'orders', id, amount::text, note, version FROM orders UNION "
+                            "ALL SELECT 'items', id, amount::text, note, version FROM items"
+                            ).fetchall()
+        applied = conn.execute("SELECT count(*) FROM audit").fetchone()[0]  # type: ignore[index]
+    expected = {k: (v["amount"], v["note"], v["version"]) for k, v in final_state(events).items()}
+    assert {(r[0], r[1]): (r[2], r[3], r[4]) for r in rows} == expected
+    assert applied == len(events), f"{applied - len(events)} row changes applied twice"
+    report("postgres", run, rows=len(rows), applied=applied)
+    assert run.kills == KILLS
+
+
+# -- Kafka -----------------------------------------------------------------------------------
+
+def read_all(brokers: str, prefix: str, isolation: str) -> list[tuple[str, str]]:
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g{uuid.uuid4().hex[:6]}",
+                         "isolation.level": isolation, "enable.partition.eof": True,
+                         "enable.auto.commit": False, "fetch.max.bytes": 50_000_000})
+    topics = [f"{prefix}.orders", f"{prefix}.items"]
+    consumer.assign([TopicPartition(t, 0, 0) for t in topics])
+    out: list[tuple[str, str]] = []
+    ended: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(ended) < 2 and time.monotonic() < deadline:
+        for msg in consumer.consume(5000, 0.5):
+            if msg.error():
+                ended.add(msg.topic())
+            else:
+                out.append((msg.topic().rsplit(".", 1)[1],
+                            dict(msg.headers())["tailrace-event-id"].decode()))
+    consumer.close()
+    assert len(ended) == 2, "the topics were not read to their end"
+    return out
+
+
+def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
+                                              tmp_path: Path) -> None:
+    events, path = events_50k
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
+            "topic": prefix + ".{table}", "exactly_once": True}
+    run = run_with_kills(spec, path, tmp_path, seed=3, batch=2000, pipeline=prefix)
+    committed = read_all(noida_kafka.bootstrap, prefix, "read_committed")
+    for table in ("orders", "items"):
+        got = [i for t, i in committed if t == table]
+        assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicates"
+        # every event once, per key (and per table) in source order; whole transactions
+        assert got == [e.id for e in events if e.table == table]
+    uncommitted = read_all(noida_kafka.bootstrap, prefix, "read_uncommitted")
+    report("kafka exactly-once", run, read_committed=len(committed),
+           read_uncommitted_incl_aborted=len(uncommitted))
+    assert run.kills == KILLS
+
+
+def test_kafka_at_least_once_shows_the_duplicates_it_allows(noida_kafka: Any, events_50k: Any,
+                                                            tmp_path: Path) -> None:
+    events, path = events_50k
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
+            "topic": prefix + ".{table}", "exactly_once": False}
+    run = run_with_kills(spec, path, tmp_path, seed=3, batch=2000, control=True,
+                         pipeline=prefix)
+    got = read_all(noida_kafka.bootstrap, prefix, "read_uncommitted")
+    counts = Counter(i for _, i in got)
+    assert set(counts) == {e.id for e in events}  # nothing lost
+    duplicates = sum(n - 1 for n in counts.values())
+    report("kafka at-least-once", run, messages=len(got), events=len(events),
+           duplicates=duplicates)

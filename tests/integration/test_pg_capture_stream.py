@@ -1,0 +1,208 @@
+"""capture-postgres on real servers: volume, transactions and epochs, a large transaction."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+
+from tailrace.events import ChangeEvent, Op
+from tests.integration.test_pg_capture_harness import (
+    BusView,
+    assert_epochs_between_transactions,
+    assert_transactions_whole,
+    column,
+)
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.integration.test_pg_capture_harness"]
+
+SCHEMA = """
+CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text);
+CREATE TABLE orders (id bigint PRIMARY KEY, account_id int NOT NULL,
+                     amount numeric(12,2) NOT NULL, status text NOT NULL);
+CREATE TABLE audit (id bigint PRIMARY KEY, doc jsonb NOT NULL, at timestamptz NOT NULL);
+"""
+
+OPS = {Op.OP_INSERT: "insert", Op.OP_UPDATE: "update", Op.OP_DELETE: "delete"}
+
+
+@dataclass
+class Workload:
+    """Mixed transactions over three tables, with the changes each key must show, in order."""
+
+    rng: random.Random
+    statements: list[list[tuple[str, tuple[Any, ...]]]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # changes per transaction, commit order
+    expected: dict[tuple[str, int], list[tuple[str, Any]]] = field(
+        default_factory=lambda: defaultdict(list))
+    accounts: int = 1000
+    next_order: int = 1
+    next_audit: int = 1
+    first_live_audit: int = 1
+
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def build(self, changes: int) -> None:
+        self._tx([("INSERT INTO accounts SELECT g, 0, NULL FROM generate_series(1, %s::int) g",
+                   (self.accounts,))], [("accounts", i, "insert", 0)
+                                        for i in range(1, self.accounts + 1)])
+        balance = dict.fromkeys(range(1, self.accounts + 1), 0)
+        audit_n: dict[int, int] = {}
+        while self.total() < changes:
+            left = changes - self.total()
+            kind = self.rng.choice(["bulk", "mixed", "mixed", "small", "small"])
+            if kind == "bulk":
+                k = min(left, self.rng.randint(50, 2000))
+                a = self.next_audit
+                self.next_audit += k
+                for i in range(a, a + k):
+                    audit_n[i] = 0
+                self._tx([("INSERT INTO audit SELECT g, jsonb_build_object('n', 0), now() "
+                           "FROM generate_series(%s::bigint, %s::bigint) g", (a, a + k - 1))],
+                         [("audit", i, "insert", 0) for i in range(a, a + k)])
+            elif kind == "mixed":
+                stmts: list[tuple[str, tuple[Any, ...]]] = []
+                changes_of: list[tuple[str, int, str, Any]] = []
+                k = self.rng.randint(1, 200)
+                o = self.next_order
+                self.next_order += k
+                stmts.append(("INSERT INTO orders SELECT g, 1 + g %% 1000, g * 1.25, 'new' "
+                              "FROM generate_series(%s::bigint, %s::bigint) g", (o, o + k - 1)))
+                changes_of += [("orders", i, "insert", "new") for i in range(o, o + k)]
+                x = self.rng.randint(1, self.accounts - 50)
+                y = x + self.rng.randint(0, 49)
+                stmts.append(("UPDATE accounts SET balance = balance + 1 WHERE id BETWEEN %s "
+                              "AND %s", (x, y)))
+                for i in range(x, y + 1):
+                    balance[i] += 1
+                    changes_of.append(("accounts", i, "update", balance[i]))
+                live = sorted(audit_n)
+                if len(live) > 100:
+                    d = self.rng.randint(1, 30)
+                    gone = live[:d]
+                    stmts.append(("DELETE FROM audit WHERE id BETWEEN %s AND %s",
+                                  (gone[0], gone[-1])))
+                    for i in gone:
+                        del audit_n[i]
+                        changes_of.append(("audit", i, "delete", None))
+                    bump = sorted(audit_n)[: self.rng.randint(1, 40)]
+                    stmts.append(("UPDATE audit SET doc = jsonb_build_object('n', "
+                                  "(doc->>'n')::int + 1) WHERE id BETWEEN %s AND %s",
+                                  (bump[0], bump[-1])))
+                    for i in bump:
+                        audit_n[i] += 1
+                        changes_of.append(("audit", i, "update", audit_n[i]))
+                if len(changes_of) > left:
+                    continue
+                self._tx(stmts, changes_of)
+            elif self.next_order > 1:
+                i = self.rng.randint(1, self.next_order - 1)
+                status = f"s{len(self.sizes)}"
+                self._tx([("UPDATE orders SET status = %s WHERE id = %s", (status, i))],
+                         [("orders", i, "update", status)])
+
+    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]],
+            changes: list[tuple[str, int, str, Any]]) -> None:
+        self.statements.append(statements)
+        self.sizes.append(len(changes))
+        for table, key, op, value in changes:
+            self.expected[(table, key)].append((op, value))
+
+    def run(self, dsn: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statements in self.statements:
+                with conn.transaction():
+                    for sql, params in statements:
+                        conn.execute(sql, params)
+
+
+def value_of_change(event: ChangeEvent) -> Any:
+    if event.op == Op.OP_DELETE:
+        return None
+    if event.table == "accounts":
+        return column(event.after, "balance")
+    if event.table == "orders":
+        return column(event.after, "status")
+    return json.loads(column(event.after, "doc"))["n"]
+
+
+def test_100k_changes_in_mixed_transactions_arrive_whole_in_order_and_cut_by_epochs(
+        pg_db: str, capture_rig: Any) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    rig = capture_rig(pg_db, "[public.accounts, public.orders, public.audit]", partitions=3)
+    capture = rig.start()
+    capture.wait_streaming()
+
+    work = Workload(random.Random(4))
+    work.build(100_000)
+    assert work.total() == 100_000
+    work.run(pg_db)
+
+    view: BusView = rig.read(lambda v: len(v.events) >= work.total(), timeout=240)
+    assert len(view.events) == work.total() == view.distinct_positions()
+
+    # complete and per key in order
+    got: dict[tuple[str, int], list[tuple[str, Any]]] = defaultdict(list)
+    for records in view.by_partition().values():
+        for _, record in records:
+            if isinstance(record, ChangeEvent):
+                row = record.after if record.op != Op.OP_DELETE else record.before
+                got[(record.table, int(column(row, "id")))].append(
+                    (OPS[record.op], value_of_change(record)))
+    assert got.keys() == work.expected.keys()
+    wrong = [k for k, changes in work.expected.items() if got[k] != changes]
+    assert not wrong, f"{len(wrong)} keys differ, e.g. {wrong[0]}: {got[wrong[0]][:5]} != " \
+                      f"{work.expected[wrong[0]][:5]}"
+
+    # transactions whole, contiguous, marked, in commit order with the sizes written
+    sizes = assert_transactions_whole(view, rig.partitions)
+    assert [sizes[tx] for tx in sorted(sizes)] == work.sizes
+
+    # each table's events carry its registered schema
+    schemas = {(r.table): r for r in rig.control.client.list_schemas("acme")}
+    for _, _, event in view.events[:: 97]:
+        registered = schemas[f"public.{event.table}"]
+        assert (event.schema_version, event.schema_sequence) == (registered.fingerprint,
+                                                                 registered.sequence)
+
+    # epochs: markers on every partition, between transactions, recorded in control
+    epochs = assert_epochs_between_transactions(view, rig.control.client, rig.source_id,
+                                                rig.partitions)
+    assert epochs >= 3
+    latest = rig.control.client.latest_epoch(rig.source_id)
+    assert latest is not None and latest.position.tx_seq == max(sizes)
+    assert capture.proc.poll() is None
+
+
+ROWS = 200_000
+
+
+def test_200k_row_transaction_spills_and_stays_under_300_mb(pg_db: str, capture_rig: Any) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text NOT NULL)")
+    rig = capture_rig(pg_db, "[public.big]", max_tx_memory_events=5_000)
+    capture = rig.start()
+    capture.wait_streaming()
+    baseline_kb = capture.status("VmRSS")
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO big SELECT g, g %% 1000, repeat(md5(g::text), 8) "
+                     "FROM generate_series(1, %s::int) g", (ROWS,))
+
+    view = rig.read(lambda v: len(v.events) >= ROWS, timeout=240)
+    peak_kb = capture.status("VmHWM")
+    sizes = assert_transactions_whole(view, 1)
+    assert list(sizes.values()) == [ROWS]
+    assert [int(column(e.after, "id")) for _, _, e in view.events] == list(range(1, ROWS + 1))
+    print(f"capture RSS: {baseline_kb / 1024:.0f} MB streaming, peak {peak_kb / 1024:.0f} MB "
+          f"for a {ROWS}-row transaction")
+    assert peak_kb < 300 * 1024, f"capture peak RSS {peak_kb / 1024:.0f} MB"
+    assert "large transaction spilled to disk" in capture.log()

@@ -1,0 +1,169 @@
+"""PostgreSQL sink against a real server: replica content, replay, DDL, outage, auth."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from tailrace.config._model import PostgresSinkSpec
+from tailrace.errors import NonRetryableError
+from tailrace.events import ChangeEvent, Column, Op, value_of
+from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass
+from tailrace_services.delivery.sinks.postgres import PostgresSink
+from tests.fix_sinks import PG_PASSWORD, batches_of, final_state, sink_spec, source_events
+
+pytestmark = pytest.mark.integration
+
+
+class FollowDdlSpec(PostgresSinkSpec):
+    """The spec with the field this sink reads when it exists (see the issue's report)."""
+
+    follow_ddl: bool = False
+
+
+def make_sink(dsn: str, follow_ddl: bool | None = None, **spec: Any) -> PostgresSink:
+    fields = {"id": "pg1", "type": "postgres", "dsn": dsn, **spec}
+    parsed = FollowDdlSpec(**fields, follow_ddl=follow_ddl) if follow_ddl is not None \
+        else sink_spec(**fields)
+    return PostgresSink(parsed, timeout_s=3)
+
+
+def commit(batch: list[ChangeEvent], pipeline: str = "p") -> BatchCommit:
+    return BatchCommit(pipeline=pipeline, source_id="src1", sink_id="pg1",
+                       position=batch[-1].position)
+
+
+def replica(dsn: str) -> dict[tuple[str, int], dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT 'orders', id, amount::text, note, version FROM orders UNION ALL "
+            "SELECT 'items', id, amount::text, note, version FROM items").fetchall()
+    return {(r[0], r[1]): {"amount": r[2], "note": r[3], "version": r[4]} for r in rows}
+
+
+def expected(events: list[ChangeEvent]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {k: {"amount": v["amount"], "note": v["note"], "version": v["version"]}
+            for k, v in final_state(events).items()}
+
+
+def add_audit(dsn: str) -> None:
+    """Count every row the sink applies: a replay that is not skipped shows up here."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE audit (n bigserial, tbl text, op text)")
+        conn.execute("CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                     "INSERT INTO audit (tbl, op) VALUES (TG_TABLE_NAME, TG_OP); RETURN NULL; "
+                     "END $$")
+        for table in ("orders", "items"):
+            conn.execute(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric(12,2), "
+                         "note text, changed_at timestamptz, version bigint)")
+            conn.execute(f"CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON {table} "
+                         "FOR EACH ROW EXECUTE FUNCTION audit()")
+
+
+def audited(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT count(*) FROM audit").fetchone()[0]  # type: ignore[index]
+
+
+def test_replica_equals_source_and_checkpoint_commits_with_it(pg_db: str) -> None:
+    sink = make_sink(pg_db)
+    events = source_events(1500)
+    batches = batches_of(events, 300)
+    for batch in batches:
+        sink.write(batch, commit(batch))
+    assert replica(pg_db) == expected(events)
+    assert sink.stored_position() == batches[-1][-1].position
+    with psycopg.connect(pg_db) as conn:
+        row = conn.execute("SELECT position, tx_seq FROM tailrace_checkpoints WHERE pipeline = 'p'"
+                           " AND sink_id = 'pg1' AND partition = 0").fetchone()
+        types = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns"
+                                  " WHERE table_name = 'orders'").fetchall())
+    assert row == (batches[-1][-1].position.SerializeToString(), batches[-1][-1].position.tx_seq)
+    assert types["amount"] == "numeric" and types["changed_at"] == "timestamp with time zone"
+    sink.close()
+
+
+def test_a_replayed_batch_is_not_applied_twice(pg_db: str) -> None:
+    add_audit(pg_db)
+    events = source_events(600)
+    batches = batches_of(events, 100)
+    sink = make_sink(pg_db)
+    for batch in batches[:3]:
+        sink.write(batch, commit(batch))
+    sink.close()
+    restarted = make_sink(pg_db)  # its control checkpoint is behind: it re-sends everything
+    for batch in batches:
+        restarted.write(batch, commit(batch))
+    assert audited(pg_db) == len(events)  # every row change applied exactly once
+    assert replica(pg_db) == expected(events)
+    restarted.write(batches[0])  # without a BatchCommit nothing is skipped
+    assert audited(pg_db) == len(events) + len(batches[0])
+
+
+def test_truncate_and_added_columns(pg_db: str) -> None:
+    events = source_events(50)
+    sink = make_sink(pg_db)
+    sink.write(events, commit(events))
+    new = source_events(52)[50:]
+    for e in new:  # the source table gained a column
+        e.after.columns.append(Column(name="colour", type="text", value=value_of("red")))
+    if new[0].op == Op.OP_DELETE:
+        new = new[1:]
+    with pytest.raises(NonRetryableError, match="no column.*colour.*follow_ddl: true"):
+        sink.write(new, commit(new))
+    following = make_sink(pg_db, follow_ddl=True)
+    following.write(new, commit(new))
+    with psycopg.connect(pg_db) as conn:
+        colours = conn.execute(f"SELECT colour FROM {new[0].table} WHERE colour IS NOT NULL"
+                               ).fetchall()
+        assert colours
+    truncate = source_events(53)[52]
+    truncate.op = Op.OP_TRUNCATE
+    truncate.table = "orders"
+    following.write([truncate], commit([truncate]))
+    with psycopg.connect(pg_db) as conn:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM items").fetchone() != (0,)
+
+
+def test_outage_is_retryable_and_recovers_exactly_once(pg_server: Any, pg_db: str,
+                                                       tcp_proxy: Any) -> None:
+    add_audit(pg_db)
+    proxy = tcp_proxy(pg_server.port)
+    dsn = pg_db.replace(f":{pg_server.port}/", f":{proxy.port}/")
+    sink = make_sink(dsn)
+    events = source_events(400)
+    batches = batches_of(events, 100)
+    sink.write(batches[0], commit(batches[0]))
+    proxy.cut()
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        sink.write(batches[1], commit(batches[1]))
+    assert sink.classify(caught.value) is ErrorClass.RETRYABLE
+    assert time.monotonic() - started < 5
+    proxy.restore()
+    for batch in batches[1:]:
+        sink.write(batch, commit(batch))
+    assert audited(pg_db) == len(events)
+    assert replica(pg_db) == expected(events)
+
+
+def test_wrong_password_fails_fast_and_says_what_to_fix(password_pg: Any) -> None:
+    wrong = f"x{uuid.uuid4().hex[:6]}"
+    sink = make_sink(password_pg.password_dsn(wrong))
+    started = time.monotonic()
+    with pytest.raises(NonRetryableError) as caught:
+        sink.write(source_events(3), None)
+    assert time.monotonic() - started < 2
+    message = str(caught.value)
+    assert "authentication failed" in message and "spec.sinks[].dsn" in message
+    assert wrong not in message
+    assert sink.classify(caught.value) is ErrorClass.NON_RETRYABLE
+    good = make_sink(password_pg.password_dsn(PG_PASSWORD))
+    batch = source_events(3)
+    good.write(batch, commit(batch))
+    assert good.stored_position() == batch[-1].position

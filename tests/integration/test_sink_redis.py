@@ -1,0 +1,133 @@
+"""Redis Streams sink against a real Redis: delivery, replay, outage, auth."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from tailrace.errors import NonRetryableError
+from tailrace.events import ChangeEvent
+from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass
+from tailrace_services.delivery.sinks.redis import RedisSink
+from tests.fix_sinks import NATS_PASSWORD, REDIS_PASSWORD, batches_of, sink_spec, source_events
+
+pytestmark = pytest.mark.integration
+
+
+_PIPELINE = {"name": "p"}
+
+
+@pytest.fixture(autouse=True)
+def _own_pipeline() -> None:
+    """Each test its own pipeline name, so checkpoints of other tests do not interfere."""
+    _PIPELINE["name"] = f"p{uuid.uuid4().hex[:8]}"
+
+
+def make_sink(url: str, prefix: str | None = None, **spec: Any) -> tuple[RedisSink, str]:
+    prefix = prefix or f"t{uuid.uuid4().hex[:8]}"
+    fields = {"id": "r1", "type": "redis", "url": url, "stream": prefix + ".{table}", **spec}
+    return RedisSink(sink_spec(**fields), timeout_s=2), prefix
+
+
+def commit(batch: list[ChangeEvent]) -> BatchCommit:
+    return BatchCommit(pipeline=_PIPELINE["name"], source_id="src1", sink_id="r1",
+                       position=batch[-1].position)
+
+
+def entries(url: str, prefix: str) -> list[dict[bytes, bytes]]:
+    client = redis.Redis.from_url(url)
+    out = []
+    for stream in sorted(client.keys(f"{prefix}.*")):
+        out.extend(fields for _, fields in client.xrange(stream))
+    return out
+
+
+def test_batches_land_in_order_with_idempotency_keys_and_the_checkpoint(redis_server: Any) -> None:
+    sink, prefix = make_sink(redis_server.url)
+    events = source_events(600)
+    batches = batches_of(events, 200)
+    for batch in batches:
+        sink.write(batch, commit(batch))
+    client = redis.Redis.from_url(redis_server.url)
+    for table in ("orders", "items"):
+        stored = [f[b"id"].decode() for _, f in client.xrange(f"{prefix}.{table}")]
+        assert stored == [e.id for e in events if e.table == table]  # source order per stream
+    got = entries(redis_server.url, prefix)
+    assert {f[b"idempotency_key"].decode() for f in got} == {e.idempotency_key for e in events}
+    assert json.loads(got[0][b"event"])["idempotency_key"] == got[0][b"idempotency_key"].decode()
+    assert sink.stored_position() == batches[-1][-1].position
+    raw = client.get(f"tailrace:checkpoint:{_PIPELINE['name']}:r1:0")
+    assert raw == batches[-1][-1].position.SerializeToString()
+    sink.close()
+
+
+def test_a_replayed_batch_is_skipped_by_the_stored_checkpoint(redis_server: Any) -> None:
+    sink, prefix = make_sink(redis_server.url)
+    batches = batches_of(source_events(300), 100)
+    for batch in batches[:2]:
+        sink.write(batch, commit(batch))
+    sink.close()
+    # a restarted delivery whose control checkpoint is behind re-sends everything
+    again, _ = make_sink(redis_server.url, prefix)
+    for batch in batches:
+        again.write(batch, commit(batch))
+    got = [f[b"id"].decode() for f in entries(redis_server.url, prefix)]
+    assert len(got) == len(set(got)) == sum(map(len, batches))
+    # without a BatchCommit there is no checkpoint: the same replay duplicates
+    again.write(batches[0])
+    assert len(entries(redis_server.url, prefix)) == sum(map(len, batches)) + len(batches[0])
+
+
+def test_envelope_and_maxlen(redis_server: Any) -> None:
+    sink, prefix = make_sink(redis_server.url, envelope="debezium", maxlen=50)
+    batch = source_events(400)
+    sink.write(batch, commit(batch))
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.xlen(f"{prefix}.orders") < 200  # trimmed (approximately) to about 50
+    first = entries(redis_server.url, prefix)[0]
+    assert json.loads(first[b"event"])["payload"]["op"] in ("c", "u", "d")
+
+
+def test_outage_is_retryable_and_recovers_without_duplicates(redis_server: Any,
+                                                            tcp_proxy: Any) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    sink, prefix = make_sink(url)
+    batches = batches_of(source_events(300), 100)
+    sink.write(batches[0], commit(batches[0]))
+    proxy.cut()
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        sink.write(batches[1], commit(batches[1]))
+    assert sink.classify(caught.value) is ErrorClass.RETRYABLE
+    assert time.monotonic() - started < 5
+    proxy.restore()
+    for batch in batches[1:]:  # the runtime retries the failed batch
+        sink.write(batch, commit(batch))
+    got = [f[b"id"].decode() for f in entries(redis_server.url, prefix)]
+    assert got == [e.id for b in batches for e in b if e.table == "items"] + \
+        [e.id for b in batches for e in b if e.table == "orders"]
+
+
+def test_wrong_or_missing_password_fails_fast_and_says_what_to_fix(password_redis: Any) -> None:
+    batch = source_events(5)
+    for url in (f"redis://:wrong-{NATS_PASSWORD}@127.0.0.1:{password_redis.port}/0",
+                password_redis.url):  # the second has no password: NOAUTH
+        sink, _ = make_sink(url)
+        started = time.monotonic()
+        with pytest.raises(NonRetryableError) as caught:
+            sink.write(batch, commit(batch))
+        assert time.monotonic() - started < 2
+        message = str(caught.value)
+        assert "authentication failed" in message and "spec.sinks[].url" in message
+        assert NATS_PASSWORD not in message
+        assert sink.classify(caught.value) is ErrorClass.NON_RETRYABLE
+    good, prefix = make_sink(f"redis://:{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0")
+    good.write(batch, commit(batch))
+    assert len(entries(f"redis://:{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0",
+                       prefix)) == 5
