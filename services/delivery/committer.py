@@ -50,9 +50,24 @@ class BatchCommitter:
         self.control = control
         self.source_id = pipeline.spec.source.id
         self.sinks = {s.id: s for s in pipeline.spec.sinks}
+        self._own_versions: dict[str, int] = {}  # what this process last committed, per sink
 
     def read(self) -> dict[str, pb.Checkpoint | None]:
-        return {s: self.control.get_checkpoint(self.source_id, s) for s in self.sinks}
+        """Step 0: the checkpoints as stored; one moved by someone else since our last commit
+        means another delivery process runs this pipeline (a zombie one of us): fatal."""
+        current = {s: self.control.get_checkpoint(self.source_id, s) for s in self.sinks}
+        for sink_id, version in self._own_versions.items():
+            cp = current.get(sink_id)
+            if cp is None or cp.version != version:
+                raise FatalError(
+                    f"checkpoint of sink {sink_id} (pipeline {self.pipeline.name}) was moved by "
+                    f"someone else (version {version} -> {cp.version if cp else 'none'}); is a "
+                    "second delivery process running for this pipeline?")
+        return current
+
+    def forget_versions(self) -> None:
+        """After a restart from checkpoints (e.g. an operator rewind) start from what is stored."""
+        self._own_versions.clear()
 
     def summarize(self, rows: list[Any]) -> BatchReport:
         report = BatchReport(events=sum(r["events"] for r in rows))
@@ -124,6 +139,8 @@ class BatchCommitter:
                 "is a second delivery process running for this pipeline?")
         report.policy_satisfied = answer.satisfied
         report.reason = answer.reason
+        for cp in answer.checkpoints if answer.committed else []:
+            self._own_versions[cp.sink_id] = cp.version
 
 
 def _duration_s(text: str) -> float:

@@ -33,9 +33,7 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
     for spec in pipeline.spec.sinks:
         key = (pipeline.name, spec.id)
         if key not in _SINKS:
-            sink = build_sink(spec, pipeline=pipeline.name)
-            sink.open()
-            _SINKS[key] = sink
+            _SINKS[key] = build_sink(spec, pipeline=pipeline.name)  # opened by the fan-out
         out.append(_SINKS[key])
     return out
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tailrace.errors import FatalError
 from tailrace.events import position_key
@@ -23,6 +24,7 @@ from tailrace.retry import call_with_retry
 from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, PerEventError, Sink
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,14 +58,46 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
     """All batches to one sink, in order; never raises except FatalError."""
     outcome = SinkOutcome(sink.id, sink.required)
     hwm = position_key(after) if after is not None else (-1, -1)
-    stored = sink.stored_position()
+    started = time.monotonic()
+    try:
+        stored = _retry(sink, lambda: _open(sink), sleep)
+    except Exception as e:  # noqa: BLE001 - classified in _give_up
+        return _give_up(sink, outcome, e)
     if stored is not None and position_key(stored) > hwm:
         hwm = position_key(stored)  # the sink committed further than the control service knows
-    started = time.monotonic()
     try:
         return _deliver_batches(sink, batches, hwm, commit_for, dead_letter, sleep, outcome)
     finally:
         outcome.write_s = time.monotonic() - started
+
+
+def _open(sink: Sink) -> Position | None:
+    """Open once per worker (connect, check the destination), then read its stored checkpoint."""
+    if not getattr(sink, "_opened", False):
+        sink.open()
+        sink._opened = True  # type: ignore[attr-defined]
+    return sink.stored_position()
+
+
+def _retry(sink: Sink, fn: Callable[[], T], sleep: Callable[[float], None] | None) -> T:
+    return call_with_retry(
+        fn, base_s=sink.retry.base_s, max_s=sink.retry.max_s, attempts=sink.retry.attempts,
+        retryable=lambda e: sink.classify(e) is ErrorClass.RETRYABLE,
+        on_retry=lambda n, e, d: log.warning("sink call failed; retrying", sink=sink.id,
+                                             attempt=n, error=str(e), retry_in_s=round(d, 3)),
+        sleep=sleep or time.sleep)
+
+
+def _give_up(sink: Sink, outcome: SinkOutcome, error: Exception) -> SinkOutcome:
+    cls = sink.classify(error)
+    if cls is ErrorClass.FATAL:
+        raise FatalError(f"sink {sink.id}: {error}") from error
+    outcome.acked = False
+    outcome.error_class = cls.value
+    outcome.error = f"{type(error).__name__}: {error}"
+    log.error("sink gave up on this batch", sink=sink.id, required=sink.required,
+              error_class=cls.value, error=outcome.error)
+    return outcome
 
 
 def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: tuple[int, int],
@@ -76,23 +110,10 @@ def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: 
             continue
         commit = commit_for(sink, todo[-1].position)
         try:
-            call_with_retry(
-                lambda todo=todo, commit=commit: _write(sink, todo, commit, dead_letter, outcome),
-                base_s=sink.retry.base_s, max_s=sink.retry.max_s, attempts=sink.retry.attempts,
-                retryable=lambda e: sink.classify(e) is ErrorClass.RETRYABLE,
-                on_retry=lambda n, e, d: log.warning("sink write failed; retrying", sink=sink.id,
-                                                     attempt=n, error=str(e), retry_in_s=round(d, 3)),
-                sleep=sleep or time.sleep)
-        except Exception as e:  # noqa: BLE001 - classified below
-            cls = sink.classify(e)
-            if cls is ErrorClass.FATAL:
-                raise FatalError(f"sink {sink.id}: {e}") from e
-            outcome.acked = False
-            outcome.error_class = cls.value
-            outcome.error = f"{type(e).__name__}: {e}"
-            log.error("sink gave up on this batch", sink=sink.id, required=sink.required,
-                      error_class=cls.value, error=outcome.error)
-            return outcome
+            _retry(sink, lambda todo=todo, commit=commit: _write(sink, todo, commit, dead_letter,
+                                                                outcome), sleep)
+        except Exception as e:  # noqa: BLE001 - classified in _give_up
+            return _give_up(sink, outcome, e)
         outcome.delivered += len(todo)
         hwm = position_key(todo[-1].position)
         acked_us = time.time() * 1e6

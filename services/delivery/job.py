@@ -16,6 +16,7 @@ so a lagging sink catches up while the others skip what they have.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -131,6 +132,7 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                 time.sleep(1.0)
                 continue
             job.restart_reason = ""
+            job.committer.forget_versions()  # an operator may have rewound a sink while paused
             log.info("pipeline resumed")
         checkpoint_dir = tempfile.mkdtemp(prefix="tailrace-spark-")
         try:
@@ -175,7 +177,8 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
 
 
 def _first_line(text: str, marker: str) -> str:
-    for line in text.splitlines():
-        if marker in line:
-            return line.strip()[:500]
+    """The message of the first `...<marker>: message` line of a (Java-wrapped) traceback."""
+    found = re.search(rf"\b\w*{marker}\w*: (.+)", text)
+    if found:
+        return found.group(1).strip()[:500]
     return text.strip().splitlines()[0][:500] if text.strip() else "unknown error"

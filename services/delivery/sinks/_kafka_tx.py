@@ -91,14 +91,17 @@ class TransactionalWriter:
         self.stored: Position | None = read_checkpoint(
             client, checkpoint_topic, self.checkpoint_key, timeout_s)
 
-    def write(self, events: Sequence[ChangeEvent], messages: Sequence[Message],
+    def write(self, events: Sequence[ChangeEvent],
+              build: Callable[[Sequence[ChangeEvent], list[int]], dict[int, Message]],
               commit: BatchCommit | None, errors: DeliveryErrors,
               on_skip: Callable[[int], None]) -> None:
+        """`build(events, indexes)` routes and encodes the events still to be written."""
         fresh = fresh_indexes(events, self.stored)
         if len(fresh) < len(events):
             on_skip(len(events) - len(fresh))
         if not fresh and (commit is None or not advances(commit, self.stored)):
             return
+        messages = build(events, fresh)
         producer = self._producer
         deadline = time.monotonic() + self.timeout_s
         producer.begin_transaction()

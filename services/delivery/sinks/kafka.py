@@ -17,7 +17,7 @@ headers `tailrace-event-id`, `tailrace-idempotency-key`, `tailrace-schema-versio
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer  # type: ignore[attr-defined]
@@ -167,19 +167,22 @@ class KafkaSink(Sink):
     # -- writing -----------------------------------------------------------------------
 
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
-        messages = self._messages(events)
+        if not self.exactly_once:
+            messages = self._messages(events, range(len(events)))
+            self.open()
+            self._write_at_least_once(list(messages.values()), {})
+            return
         self.open()
         errors: DeliveryErrors = {}
-        if not self.exactly_once:
-            self._write_at_least_once(messages, errors)
-            return
         if commit is not None:
             self._pipeline = commit.pipeline
         writer_id = self._transactional_id(commit.partition if commit else 0)
         try:
             writer = self._writer(commit.partition if commit else 0)
-            writer.write(events, messages, commit, errors, on_skip=lambda n: log.info(
+            writer.write(events, self._messages, commit, errors, on_skip=lambda n: log.info(
                 "replayed events skipped", sink=self.id, skipped=n))
+        except PerEventError:
+            raise  # nothing was sent: the writer is still good
         except Exception as e:
             dropped = self._writers.pop(writer_id, None)
             if dropped is not None:
@@ -226,12 +229,15 @@ class KafkaSink(Sink):
     def _transactional_id(self, partition: int) -> str:
         return "tailrace." + checkpoint_name(self._pipeline or "-", self.id, partition, sep=".")
 
-    def _messages(self, events: Sequence[ChangeEvent]) -> list[Message]:
-        """Route and encode; events that cannot be, or are too large, fail alone."""
+    def _messages(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
+                  ) -> dict[int, Message]:
+        """Route and encode `events[i]` for each index; the ones that cannot be, or are too
+        large, fail alone (a PerEventError naming them, before anything is sent)."""
         encoder = Encoder(self._spec.envelope)
-        messages: list[Message] = []
+        messages: dict[int, Message] = {}
         failures: list[tuple[int, str]] = []
-        for i, event in enumerate(events):
+        for i in indexes:
+            event = events[i]
             try:
                 msg = Message(destination(self._spec.topic, event), key_bytes(event),
                               encoder.encode(event),
@@ -243,7 +249,7 @@ class KafkaSink(Sink):
             if msg.size > self._max_bytes:
                 failures.append((i, f"message too large: {msg.size} bytes > message.max.bytes "
                                     f"{self._max_bytes}"))
-            messages.append(msg)
+            messages[i] = msg
         if failures:
             raise PerEventError(f"kafka sink {self.id}: {len(failures)} event(s) cannot be "
                                 f"written; first: {failures[0][1]}", failures)

@@ -14,7 +14,7 @@ Without a `BatchCommit` the events are appended as they come (at-least-once).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -23,8 +23,9 @@ from redis.retry import Retry
 
 from tailrace.config._model import RedisSinkSpec
 from tailrace.envelopes import Encoder
-from tailrace.errors import NonRetryableError, RetryableError
+from tailrace.errors import NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Position, key_bytes
+from tailrace.events._codec import op_name
 from tailrace.logs import get_logger, redact
 from tailrace_services.delivery.sinks._common import (
     advances,
@@ -91,24 +92,25 @@ class RedisSink(Sink):
         self._client = client
 
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
-        entries = self._entries(events)
         self.open()
         assert self._client is not None
         try:
             if commit is None:
                 pipe = self._client.pipeline(transaction=False)
-                for stream, fields in entries:
+                for stream, fields in self._entries(events, range(len(events))).values():
                     self._xadd(pipe, stream, fields)
                 pipe.execute()
             else:
                 self._pipeline = commit.pipeline
-                self._write_exactly_once(self._client, events, entries, commit)
+                self._write_exactly_once(self._client, events, commit)
+        except TailraceError:
+            raise
         except Exception as e:
             self.close()  # a fresh connection on the retry
             raise self._error("write failed", e) from None
 
     def _write_exactly_once(self, client: redis.Redis, events: Sequence[ChangeEvent],
-                            entries: list[tuple[str, dict[str, Any]]], commit: BatchCommit) -> None:
+                            commit: BatchCommit) -> None:
         key = self._checkpoint_key(commit.pipeline, commit.partition)
         with client.pipeline(transaction=True) as pipe:
             pipe.watch(key)
@@ -118,26 +120,29 @@ class RedisSink(Sink):
                 log.info("replayed events skipped", sink=self.id, skipped=len(events) - len(todo))
             if not todo and not advances(commit, stored):
                 return
+            entries = self._entries(events, todo)
             pipe.multi()
-            for i in todo:
-                self._xadd(pipe, *entries[i])
+            for stream, fields in entries.values():
+                self._xadd(pipe, stream, fields)
             pipe.set(key, commit.position.SerializeToString())
             pipe.execute()  # WatchError when another writer moved the checkpoint: retryable
 
-    def _entries(self, events: Sequence[ChangeEvent]) -> list[tuple[str, dict[str, Any]]]:
-        """(stream, fields) per event; events that cannot be routed or encoded fail alone."""
+    def _entries(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
+                 ) -> dict[int, tuple[str, dict[str, Any]]]:
+        """(stream, fields) for `events[i]`; events that cannot be routed or encoded fail alone."""
         encoder = Encoder(self._spec.envelope)
-        entries: list[tuple[str, dict[str, Any]]] = []
+        entries: dict[int, tuple[str, dict[str, Any]]] = {}
         failures: list[tuple[int, str]] = []
-        for i, event in enumerate(events):
+        for i in indexes:
+            event = events[i]
             try:
-                entries.append((destination(self._spec.stream, event), {
+                entries[i] = (destination(self._spec.stream, event), {
                     "id": event.id,
-                    "op": str(event.op),
+                    "op": op_name(event.op),
                     "key": key_bytes(event),
                     "idempotency_key": event.idempotency_key,
                     "event": encoder.encode(event),
-                }))
+                })
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
         if failures:
