@@ -29,7 +29,7 @@ spec:
     dsn: "{dsn}"
     tables: {tables}
   sinks:
-    - {{id: {sink_id}, type: redis, url: "{redis}", stream: "{stream}"}}
+    - {sink}
   bus: {{brokers: "{brokers}"}}
   control: {{address: "127.0.0.1:{control_port}"}}
   batch: {{max_ms: 200}}
@@ -109,14 +109,17 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
     """Factory: write a postgres -> redis spec for `pg_db` and return the (unstarted) pipeline."""
     made: list[RunningPipeline] = []
 
-    def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}") -> RunningPipeline:
+    def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}",
+             sink: str | None = None, extra: str = "") -> RunningPipeline:
+        """`sink`: a YAML flow mapping replacing the default Redis sink."""
         name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         control_port = free_port()
         spec_path = tmp_path / f"{name}.yaml"
         spec_path.write_text(SPEC_TEMPLATE.format(
             name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
-            sink_id="redis1", redis=redis_server.url, stream=stream,
-            brokers=kafka_broker.bootstrap, control_port=control_port))
+            sink=sink or ("{id: redis1, type: redis, url: \"%s\", stream: \"%s\"}"
+                          % (redis_server.url, stream)),
+            brokers=kafka_broker.bootstrap, control_port=control_port) + extra)
         p = RunningPipeline(dir=tmp_path, spec_path=spec_path,
                             control_address=f"127.0.0.1:{control_port}",
                             redis_url=redis_server.url, stream=stream)

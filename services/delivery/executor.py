@@ -38,6 +38,17 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
     return out
 
 
+def _close_transactional(pipeline: PipelineSpec) -> None:
+    """Spark may run consecutive batches in different Python workers; two cached producers
+    with the same transactional.id would fence each other. So a transactional sink lives for
+    one batch: the next batch opens it again (init_transactions fences any older one)."""
+    for spec in pipeline.spec.sinks:
+        if getattr(spec, "exactly_once", False):
+            sink = _SINKS.pop((pipeline.name, spec.id), None)
+            if sink is not None:
+                sink.close()
+
+
 def close_sinks(pipeline_name: str) -> None:
     for key in [k for k in _SINKS if k[0] == pipeline_name]:
         _SINKS.pop(key).close()
@@ -76,6 +87,8 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
         raise
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
+    else:
+        _close_transactional(pipeline)
     yield pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "end_offset": result.end_offset,
