@@ -38,6 +38,7 @@ from tailrace_services.capture_postgres.decoder import (  # noqa: E402
     Insert,
     PgOutputDecoder,
 )
+from tailrace_services.capture_postgres.position import lsn_of  # noqa: E402
 from tailrace_services.capture_postgres.replication import ReplicationConnection  # noqa: E402
 from tailrace_services.control.server import serve  # noqa: E402
 from tailrace_services.control.storage import MemoryStorage  # noqa: E402
@@ -95,8 +96,9 @@ def decode_rate(dsn: str, rows: int) -> tuple[float, int]:
 
 
 def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_end: int
-                 ) -> tuple[float, int]:
-    """Events per second of the capture service, and its peak RSS in kB."""
+                 ) -> tuple[float, int, float, float]:
+    """Events per second of the capture service, its peak RSS in kB, the seconds it took and
+    the CPU seconds the capture process used (start-up included)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tailrace_services.capture", str(spec)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -105,7 +107,7 @@ def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_
         deadline = time.monotonic() + 600
         while True:
             epoch = control.latest_epoch("bench-src")
-            if epoch is not None and epoch.position.tx_seq >= last_end:
+            if epoch is not None and lsn_of(epoch.position.tx_seq) >= last_end:
                 done = time.time()
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -114,13 +116,15 @@ def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_
         hwm = next(int(line.split()[1]) for line in
                    Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmHWM:"))
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     finally:
         proc.terminate()
         proc.wait(30)
     started = next(json.loads(line)["timestamp"] for line in log.read_text().splitlines()
                    if '"event": "streaming"' in line)
     start = dt.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
-    return rows / (done - start), hwm
+    return rows / (done - start), hwm, done - start, cpu
 
 
 def main() -> None:
@@ -152,9 +156,11 @@ def main() -> None:
             spec = work / "bench.yaml"
             spec.write_text(SPEC.format(name=NAME, dsn=pg.dsn(), brokers=kafka.bootstrap,
                                         control=f"127.0.0.1:{server.port}"))
-            events, hwm = publish_rate(spec, work / "capture.log", control, args.rows, last_end)
+            events, hwm, wall, cpu = publish_rate(spec, work / "capture.log", control,
+                                                  args.rows, last_end)
             print(f"capture service publish rate (decode, build, buffer, publish, epochs): "
-                  f"{events:,.0f} events/s")
+                  f"{events:,.0f} events/s ({wall:.1f} s; the capture process used {cpu:.1f} "
+                  f"s of CPU; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
             print(f"capture peak RSS (VmHWM): {hwm / 1024:.0f} MB")
         finally:
             control.close()

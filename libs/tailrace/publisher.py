@@ -154,3 +154,10 @@ class BusPublisher:
         if self._epoch_pending:
             self.emit_epoch()
         self._producer.flush(10)
+
+    def abort(self) -> None:
+        """Drop what is not acknowledged yet, without an epoch: after a failure the capture
+        service publishes again from its checkpoint, and nothing past the last recorded
+        epoch counts as delivered."""
+        self._producer.purge()
+        self._producer.flush(0)

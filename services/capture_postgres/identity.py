@@ -23,7 +23,7 @@ reported, not papered over by creating a new slot that would start later.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -111,8 +111,8 @@ class ServerCheck:
                 f"the server changed (system_identifier {old_system} -> {system.system_id}): "
                 "it is a different cluster, and the positions of the old one do not exist here")
         else:
-            try:
-                self._position(repl, conn, system, resume)
+            try:  # the slot of a server we streamed from is missing: changes since are gone
+                self._position(repl, conn, system, replace(resume, published=True))
             except PositionLostError as e:
                 lost = e
         drift = self._drift(conn, system.dbname, tables)

@@ -1,10 +1,18 @@
 """Our position in a PostgreSQL source, and whether the server still has what follows it.
 
-The position is the minimum checkpoint of the pipeline's sinks: `tx_seq` is the
-end LSN of the last transaction every sink acknowledged (`Resume`). Capture
-resumes after it, skips transactions at or below it (the slot's
-`confirmed_flush_lsn` can go backwards after a server crash) and never lets the
-slot confirm past it.
+A transaction's position is its commit's end LSN, qualified by the timeline the
+commit was written on: `tx_seq = timeline << 48 | end_lsn` (`tx_seq_of`). A
+promoted standby continues the LSNs of the timeline it came from, so without
+the timeline a transaction of the new primary could get the number of one the
+old primary wrote past the switch point (already published, lost in the
+failover), and downstream dedup by position would drop the new one. With it,
+positions stay totally ordered across failovers, and a transaction re-read
+from the shared history (before the switch point) keeps its original number.
+
+The resume position is the minimum checkpoint of the pipeline's sinks
+(`Resume`). Capture resumes after it, skips transactions at or below it (the
+slot's `confirmed_flush_lsn` can go backwards after a server crash) and never
+lets the slot confirm past it.
 
 Before streaming, on every (re)connect (DESIGN guarantee 9):
 
@@ -30,11 +38,39 @@ from typing import Any
 
 import psycopg
 
-from tailrace.errors import PositionLostError
+from tailrace.errors import PositionLostError, SourceConfigurationError
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace_services.capture_postgres.replication import lsn_to_str, str_to_lsn
 
-__all__ = ["Resume", "SlotState", "check_slot", "check_timeline", "read_slot"]
+__all__ = ["Resume", "SlotState", "Timelines", "check_slot", "check_timeline", "lsn_of",
+           "read_slot", "tx_seq_of"]
+
+LSN_BITS = 48  # 256 TB of WAL per timeline
+LSN_MASK = (1 << LSN_BITS) - 1
+
+
+def tx_seq_of(timeline: int, lsn: int) -> int:
+    """The position number of a transaction whose commit ends at `lsn` on `timeline`."""
+    return (timeline << LSN_BITS) | lsn
+
+
+def lsn_of(tx_seq: int) -> int:
+    return tx_seq & LSN_MASK
+
+
+@dataclass(frozen=True, slots=True)
+class Timelines:
+    """Which timeline an LSN of this server belongs to (TIMELINE_HISTORY of `current`)."""
+
+    current: int
+    history: tuple[tuple[int, int], ...] = ()  # (ancestor timeline, LSN where it ended)
+
+    def of(self, lsn: int) -> int:
+        """Timeline of a WAL record starting at `lsn`."""
+        for timeline, end in self.history:
+            if lsn < end:
+                return timeline
+        return self.current
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +86,8 @@ class Resume:
         if checkpoint is None:
             return cls(published=latest_epoch is not None)
         position = checkpoint.position
-        return cls(position.tx_seq, position.postgres.timeline, True)
+        return cls(lsn_of(position.tx_seq),
+                   position.postgres.timeline or position.tx_seq >> LSN_BITS, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +125,10 @@ def check_slot(state: SlotState, slot: str, resume: Resume, can_create: bool) ->
                 f"replication slot {slot!r} does not exist but changes were already published "
                 "from it: the slot was dropped and the changes since are gone")
         if not can_create:
-            raise PositionLostError(
-                f"replication slot {slot!r} does not exist and spec.source.create_slot is false")
+            raise SourceConfigurationError(
+                f"spec.source.slot: replication slot {slot!r} does not exist and "
+                "spec.source.create_slot is false; create it with SELECT "
+                f"pg_create_logical_replication_slot('{slot}', 'pgoutput') or allow creation")
         return
     if state.wal_status == "lost":
         raise PositionLostError(

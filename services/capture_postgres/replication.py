@@ -131,6 +131,14 @@ class ReplicationConnection:
     `read()` hands out XLogData and answers keepalives itself; the caller reports
     progress with `send_status()`, which only confirms what it is told (never the
     server's wal_end), so the slot keeps every change not yet flushed downstream.
+
+    A keepalive that asks for a reply is answered with write = the server's WAL end
+    and no flush position (0, which the server ignores for the slot). The server
+    asks when it shuts down: its walsender waits until the client reports everything
+    sent as replicated — flush if given, else write. A flush that lags on purpose
+    (our sinks' checkpoint) would hold a fast shutdown forever; this answer lets it
+    finish without confirming anything to the slot. (It also asks after
+    wal_sender_timeout/2 without replies, which the same answer satisfies.)
     """
 
     def __init__(self, dsn: str, connect_timeout: float = 10) -> None:
@@ -243,7 +251,7 @@ class ReplicationConnection:
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     self.server_wal_end = max(self.server_wal_end, wal_end)
                     if reply:
-                        self._send_status_now(reply=False)
+                        self._answer_keepalive()
                 continue
             if size == -1:  # the server ended the COPY: fetch its reason
                 self._streaming = False
@@ -278,16 +286,23 @@ class ReplicationConnection:
         self._send_status_now(reply)
 
     def _send_status_now(self, reply: bool) -> None:
+        self._put_status(self._written, self._flushed, reply)
+        self._sent = (self._written, self._flushed)
+        self._sent_at = time.monotonic()
+
+    def _answer_keepalive(self) -> None:
+        """write = everything the server sent, flush = 0 (invalid: the slot is left alone)."""
+        self._put_status(max(self._written, self.server_wal_end), 0, False)
+
+    def _put_status(self, written: int, flushed: int, reply: bool) -> None:
         pgconn = self._stream_conn()
         now_us = time.time_ns() // 1000 - PG_EPOCH_US
-        message = _STATUS.pack(b"r", self._written, self._flushed, self._flushed, now_us, reply)
+        message = _STATUS.pack(b"r", written, flushed, flushed, now_us, reply)
         try:
             pgconn.put_copy_data(message)
             pgconn.flush()
         except Exception as exc:  # OperationalError: connection lost
             self._raise_lost(str(exc))
-        self._sent = (self._written, self._flushed)
-        self._sent_at = time.monotonic()
 
     # -- lifecycle -----------------------------------------------------------------
 

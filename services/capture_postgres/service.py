@@ -31,6 +31,7 @@ from tailrace.bus import ensure_topic
 from tailrace.config import PipelineSpec, PostgresSourceSpec
 from tailrace.control_client import ControlClient
 from tailrace.errors import (
+    ConfigError,
     FatalError,
     NonRetryableError,
     PositionLostError,
@@ -39,12 +40,17 @@ from tailrace.errors import (
 )
 from tailrace.logs import get_logger
 from tailrace.publisher import BusPublisher
+from tailrace_services.capture_postgres import metrics
 from tailrace_services.capture_postgres.events import EventFactory
 from tailrace_services.capture_postgres.identity import ServerCheck
-from tailrace_services.capture_postgres.position import Resume
-from tailrace_services.capture_postgres.replication import ReplicationConnection, lsn_to_str
+from tailrace_services.capture_postgres.position import Resume, Timelines
+from tailrace_services.capture_postgres.replication import (
+    ReplicationConnection,
+    SystemIdentity,
+    lsn_to_str,
+)
 from tailrace_services.capture_postgres.schema import SchemaTracker
-from tailrace_services.capture_postgres.stream import ChangeStream
+from tailrace_services.capture_postgres.stream import ChangeStream, StreamStopped
 from tailrace_services.capture_postgres.tables import TableWatcher
 
 __all__ = ["PostgresCapture"]
@@ -53,6 +59,7 @@ log = get_logger(__name__)
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 10.0
+STOP_GRACE_S = 5.0  # how long a stop waits for a slow bus before abandoning what is in flight
 
 
 class PostgresCapture:
@@ -72,9 +79,15 @@ class PostgresCapture:
         self.health: tuple[bool, str] = (True, "starting")
         self.ready = False
         self._stop = False
+        self._stop_at = 0.0
+        self._registered = False
 
     def stop(self) -> None:
-        self._stop = True
+        if not self._stop:
+            self._stop, self._stop_at = True, time.monotonic()
+
+    def _abandon(self) -> bool:
+        return self._stop and time.monotonic() - self._stop_at > STOP_GRACE_S
 
     def run(self) -> None:
         """Run until stopped; transient failures reconnect with backoff, fatal ones raise."""
@@ -94,15 +107,27 @@ class PostgresCapture:
             except NonRetryableError as e:
                 self._fail("failed", str(e))
                 raise FatalError(str(e)) from e
+            except ConfigError as e:  # the spec or the source's settings: the operator's fix
+                self._fail("failed", str(e))
+                raise
+            except StreamStopped:
+                log.warning("stopped while waiting for the bus; unacknowledged events will be "
+                            "published again from the checkpoint")
+                return
             except (RetryableError, psycopg.OperationalError) as e:
                 failures = 1 if self.ready else failures + 1  # streaming had started: reset
                 self.ready = False
                 delay = random.uniform(BACKOFF_BASE_S / 2,
                                        min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 1)))
                 self.health = (True, f"reconnecting: {e}")
+                metrics.RECONNECTS.labels(self.source.id).inc()
                 log.warning("capture interrupted; reconnecting", error=str(e),
                             retry_in_s=round(delay, 2))
                 self._sleep(delay)
+            except psycopg.Error as e:  # a statement the source refused: not transient
+                reason = f"source {self.source.id}: {type(e).__name__}: {e}"
+                self._fail("failed", reason)
+                raise FatalError(reason) from e
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -120,6 +145,9 @@ class PostgresCapture:
 
     def _session(self) -> None:
         """One connection: checks, then stream until stopped."""
+        if not self._registered:
+            self.control.register_pipeline(self.pipeline)
+            self._registered = True
         resume = Resume.of(self.control.minimum_checkpoint(self.source.id, self.sink_ids),
                            self.control.latest_epoch(self.source.id))
         with ReplicationConnection(self.dsn) as repl:
@@ -132,13 +160,15 @@ class PostgresCapture:
                     log.info("replication slot created", slot=self.slot,
                              consistent_lsn=lsn_to_str(created))
             database = system.dbname
+            timelines = Timelines(system.timeline,
+                                  tuple(repl.timeline_history(system.timeline)))
             stream = ChangeStream(
                 repl, self.control, source_id=self.source.id, sink_ids=self.sink_ids,
-                factory=EventFactory(self.source.id, self.pipeline.tenant, database,
-                                     system.timeline),
+                factory=EventFactory(self.source.id, self.pipeline.tenant, database, timelines),
                 schemas=SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
                                       database, self.source.on_schema_drift),
-                max_tx_memory_events=self.source.max_tx_memory_events, resume_lsn=resume.lsn)
+                max_tx_memory_events=self.source.max_tx_memory_events, resume_lsn=resume.lsn,
+                abandon=self._abandon)
             bus = self.pipeline.spec.bus
             publisher = BusPublisher(bus.brokers, self.pipeline.bus_topic, bus.partitions,
                                      self.source.id, self.control, self.source.epoch_ms,
@@ -154,17 +184,16 @@ class PostgresCapture:
             try:
                 stream.run(publisher, stopped=lambda: self._stop, tick=watcher.poll)
             except BaseException:
-                # The transactions already handed over are complete: close their epoch if the
-                # bus lets us, but never hide the error that ended the stream.
+                # The next session publishes again from the checkpoint; never hide the error.
                 with contextlib.suppress(Exception):
-                    publisher.close()
+                    publisher.abort()
                 raise
             finally:
                 watcher.close()
             publisher.close()
 
     def _prepare(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-                 system: Any, resume: Resume) -> list[tuple[str, str]]:
+                 system: SystemIdentity, resume: Resume) -> list[tuple[str, str]]:
         """Server settings, identity and position, then the tables and the publication."""
         row = conn.execute("SHOW wal_level").fetchone()
         wal_level = row[0] if row else "unknown"
@@ -172,6 +201,12 @@ class PostgresCapture:
             raise SourceConfigurationError(
                 f"source {self.source.id}: wal_level is {wal_level!r}; set wal_level = logical "
                 "in postgresql.conf and restart PostgreSQL")
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        if row and row[0]:
+            raise RetryableError(
+                f"source {self.source.id}: the server is a standby (in recovery), where "
+                "PostgreSQL 15 cannot decode; waiting for it to be promoted, or point "
+                "spec.source.dsn at the primary")
         tables = TableWatcher.resolve(conn, self.source.tables)
         ServerCheck(self.control, self.source.id, self.pipeline.tenant, self.slot,
                     self.source.create_slot, self.source.on_schema_drift

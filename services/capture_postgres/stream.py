@@ -38,15 +38,21 @@ from tailrace_services.capture_postgres.decoder import (
     Update,
 )
 from tailrace_services.capture_postgres.events import EventFactory
-from tailrace_services.capture_postgres.replication import ReplicationConnection
+from tailrace_services.capture_postgres.position import lsn_of, tx_seq_of
+from tailrace_services.capture_postgres.replication import ReplicationConnection, lsn_to_str
 from tailrace_services.capture_postgres.schema import SchemaTracker
 
-__all__ = ["ChangeStream"]
+__all__ = ["ChangeStream", "StreamStopped"]
 
 log = get_logger(__name__)
 
 FEEDBACK_INTERVAL_S = 1.0
 READ_TIMEOUT_S = 0.2
+_CHANGES = (Insert, Update, Delete)
+
+
+class StreamStopped(Exception):  # noqa: N818 - a signal to unwind, not an error
+    """Raised while the publisher waits for the bus, once a stop request has waited too long."""
 
 
 class ChangeStream:
@@ -55,7 +61,7 @@ class ChangeStream:
     def __init__(self, repl: ReplicationConnection, control: ControlClient, *, source_id: str,
                  sink_ids: list[str], factory: EventFactory, schemas: SchemaTracker,
                  max_tx_memory_events: int, resume_lsn: int,
-                 on_commit: Callable[[], None] | None = None) -> None:
+                 abandon: Callable[[], bool] = lambda: False) -> None:
         self.repl = repl
         self.control = control
         self.source_id = source_id
@@ -66,12 +72,19 @@ class ChangeStream:
         self.resume_lsn = resume_lsn
         self.received = 0
         self.confirmed = resume_lsn
-        self._on_commit = on_commit
+        self._abandon = abandon
         self._decoder = PgOutputDecoder()
         self._next_feedback = 0.0
+        self._bytes = metrics.BYTES.labels(source_id)
 
     def keep_alive(self) -> None:
-        """Send a status update when one is due (also while the publisher waits for the bus)."""
+        """Send a status update when one is due (also while the publisher waits for the bus).
+
+        Raises StreamStopped when `abandon()` says a stop request should not wait longer
+        for the bus (nothing is lost: the next start publishes again from the checkpoint).
+        """
+        if self._abandon():
+            raise StreamStopped
         now = time.monotonic()
         if now < self._next_feedback:
             return
@@ -85,7 +98,6 @@ class ChangeStream:
     def run(self, publisher: BusPublisher, stopped: Callable[[], bool],
             tick: Callable[[], None] | None = None) -> None:
         """Read, buffer and publish until `stopped()`; `tick` runs once per loop (cheap)."""
-        sid = self.source_id
         buffer, factory, schemas = self.buffer, self.factory, self.schemas
         begin: Begin | None = None
         skipping = False
@@ -98,9 +110,13 @@ class ChangeStream:
                 publisher.tick()
                 continue
             self.received = max(self.received, data.wal_end)
-            metrics.BYTES.labels(sid).inc(len(data.payload))
-            msg = self._decoder.decode(data.payload)
-            if isinstance(msg, Insert | Update | Delete):
+            self._bytes.inc(len(data.payload))
+            try:
+                msg = self._decoder.decode(data.payload)
+            except ValueError as e:
+                raise FatalError(f"cannot decode the pgoutput message at "
+                                 f"{lsn_to_str(data.data_start)}: {e}") from e
+            if isinstance(msg, _CHANGES):
                 if not skipping:
                     buffer.append(factory.from_change(msg, data.data_start,
                                                       schemas.of(msg.relation)))
@@ -125,26 +141,26 @@ class ChangeStream:
     def _publish(self, publisher: BusPublisher, begin: Begin, commit: Commit) -> None:
         sid, buffer, factory = self.source_id, self.buffer, self.factory
         size = len(buffer)
+        tx_seq = tx_seq_of(factory.timelines.of(commit.commit_lsn), commit.end_lsn)
         metrics.SPILL_BYTES.labels(sid).set(buffer.spilled_bytes)
         if buffer.spilled_bytes:
             log.info("large transaction spilled to disk", xid=begin.xid, events=size,
                      spilled_bytes=buffer.spilled_bytes)
         publisher.publish_transaction(
-            factory.stamp(event, xid=begin.xid, end_lsn=commit.end_lsn,
+            factory.stamp(event, xid=begin.xid, tx_seq=tx_seq, end_lsn=commit.end_lsn,
                           commit_ts_us=commit.commit_ts_us, index=i, size=size)
             for i, event in enumerate(buffer))
         metrics.EVENTS.labels(sid).inc(size)
         metrics.TRANSACTIONS.labels(sid).inc()
         metrics.LAG_SECONDS.labels(sid).set(max(time.time() - commit.commit_ts_us / 1e6, 0.0))
-        if self._on_commit is not None:
-            self._on_commit()
 
     def _seen_at(self, begin: Begin | None, lsn: int) -> Position | None:
         """Where a schema was first seen: just before the transaction that carries it."""
         if begin is None:
             return None
-        return Position(tx_seq=begin.final_lsn, postgres=PostgresPosition(
-            commit_lsn=begin.final_lsn, event_lsn=lsn, timeline=self.factory.timeline))
+        timeline = self.factory.timelines.of(begin.final_lsn)
+        return Position(tx_seq=tx_seq_of(timeline, begin.final_lsn), postgres=PostgresPosition(
+            commit_lsn=begin.final_lsn, event_lsn=lsn, timeline=timeline))
 
     def _confirmable(self, current: int) -> int:
         """The LSN every sink has checkpointed; never moves backwards within a session."""
@@ -155,4 +171,4 @@ class ChangeStream:
             return current
         if checkpoint is None:
             return current
-        return max(current, checkpoint.position.tx_seq)
+        return max(current, lsn_of(checkpoint.position.tx_seq))

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tailrace.errors import ConfigError
+from tailrace.errors import ConfigError, NonRetryableError
 from tailrace.logs import get_logger
 
 __all__ = ["TableWatcher", "ensure_publication", "matches", "resolve_tables"]
@@ -72,12 +72,15 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[tu
     if not tables:
         raise ConfigError("spec.source.tables: the patterns select no table in this database")
     table_list = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables)
-    if exists:
-        conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
-            sql.Identifier(name), table_list))
-    else:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(name), table_list))
+    statement = "ALTER PUBLICATION {} SET TABLE {}" if exists else \
+        "CREATE PUBLICATION {} FOR TABLE {}"
+    try:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(name), table_list))
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise NonRetryableError(
+            f"cannot {'alter' if exists else 'create'} publication {name!r}: {e}; run tailrace "
+            "as the tables' owner with CREATE on the database, or create the publication and "
+            "the slot yourself and set spec.source.create_slot: false") from e
 
 
 class TableWatcher:

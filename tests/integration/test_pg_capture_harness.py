@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,7 +50,7 @@ spec:
     tables: {tables}
     on_schema_drift: {on_schema_drift}
     max_tx_memory_events: {max_tx_memory_events}
-    epoch_ms: {epoch_ms}
+    epoch_ms: {epoch_ms}{extra}
   sinks:
     - {{id: {sink_id}, type: redis, url: "redis://127.0.0.1:9"}}
   bus: {{brokers: "{brokers}", partitions: {partitions}}}
@@ -184,6 +185,16 @@ class CaptureRig:
         self.processes.append(process)
         return process
 
+    def wait_epoch(self, until: Callable[[pb.Epoch], bool], timeout: float = 120) -> pb.Epoch:
+        """The latest recorded epoch once `until(epoch)` holds (cheaper than reading the bus)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            epoch = self.control.client.latest_epoch(self.source_id)
+            if epoch is not None and until(epoch):
+                return epoch
+            assert time.monotonic() < deadline, f"no such epoch after {timeout:.0f} s: {epoch}"
+            time.sleep(0.2)
+
     def read(self, until: Callable[[BusView], bool], timeout: float = 120) -> BusView:
         return read_bus(self.brokers, self.topic, self.partitions, until, timeout)
 
@@ -209,14 +220,18 @@ def capture_rig(tmp_path: Path, control: Control, kafka_broker: KafkaBroker
 
     def make(dsn: str, tables: str = "[public.*]", *, partitions: int = 1,
              on_schema_drift: str = "adapt", max_tx_memory_events: int = 10_000,
-             epoch_ms: int = 200, brokers: str | None = None) -> CaptureRig:
+             epoch_ms: int = 200, brokers: str | None = None,
+             **source: str | bool) -> CaptureRig:
+        """`source`: more fields of spec.source (slot, publication, create_slot)."""
         name = f"pgc-{uuid.uuid4().hex[:10]}"
         spec_path = tmp_path / f"{name}.yaml"
         brokers = brokers or kafka_broker.bootstrap
         spec_path.write_text(SPEC.format(
             name=name, source_id=f"src-{name}", dsn=dsn, tables=tables,
             on_schema_drift=on_schema_drift, max_tx_memory_events=max_tx_memory_events,
-            epoch_ms=epoch_ms, sink_id=SINK, brokers=brokers, partitions=partitions,
+            epoch_ms=epoch_ms, sink_id=SINK,
+            extra="".join(f"\n    {k}: {json.dumps(v)}" for k, v in source.items()),
+            brokers=brokers, partitions=partitions,
             control=control.address))
         rig = CaptureRig(tmp_path, name, dsn, control, brokers, partitions, spec_path)
         rigs.append(rig)

@@ -197,8 +197,9 @@ def test_200k_row_transaction_spills_and_stays_under_300_mb(pg_db: str, capture_
         conn.execute("INSERT INTO big SELECT g, g %% 1000, repeat(md5(g::text), 8) "
                      "FROM generate_series(1, %s::int) g", (ROWS,))
 
-    view = rig.read(lambda v: len(v.events) >= ROWS, timeout=240)
+    rig.wait_epoch(lambda e: e.position.event_index == ROWS - 1, timeout=240)
     peak_kb = capture.status("VmHWM")
+    view = rig.read(lambda v: len(v.events) >= ROWS, timeout=60)
     sizes = assert_transactions_whole(view, 1)
     assert list(sizes.values()) == [ROWS]
     assert [int(column(e.after, "id")) for _, _, e in view.events] == list(range(1, ROWS + 1))
@@ -206,3 +207,63 @@ def test_200k_row_transaction_spills_and_stays_under_300_mb(pg_db: str, capture_
           f"for a {ROWS}-row transaction")
     assert peak_kb < 300 * 1024, f"capture peak RSS {peak_kb / 1024:.0f} MB"
     assert "large transaction spilled to disk" in capture.log()
+
+
+BIG = "".join(f"{i:05d}" for i in range(4000))  # 20 kB, stored out of line (TOAST)
+
+
+def test_read_only_mode_before_images_and_unchanged_toast(
+        pg_server: Any, pg_db: str, capture_rig: Any) -> None:
+    """A role with only LOGIN REPLICATION streams from the operator's slot and publication;
+    before-images are whole with REPLICA IDENTITY FULL and key-only otherwise; a TOASTed
+    value the server did not send is marked unchanged, never NULL."""
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_db)["dbname"]
+    role = f"ro_{dbname}"
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE full_t (id int PRIMARY KEY, a text, big text);
+            ALTER TABLE full_t REPLICA IDENTITY FULL;
+            CREATE TABLE keyed (id int PRIMARY KEY, a text, big text);
+            ALTER TABLE full_t ALTER COLUMN big SET STORAGE EXTERNAL;
+            ALTER TABLE keyed ALTER COLUMN big SET STORAGE EXTERNAL;
+            CREATE PUBLICATION ro_pub FOR TABLE full_t, keyed""")
+        conn.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+        conn.execute("SELECT pg_create_logical_replication_slot('ro_slot', 'pgoutput')")
+    rig = capture_rig(pg_server.dsn(dbname, user=role), "[public.full_t, public.keyed]",
+                      slot="ro_slot", publication="ro_pub", create_slot=False)
+    try:
+        capture = rig.start()
+        capture.wait_streaming()
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            for table in ("full_t", "keyed"):
+                conn.execute(f"INSERT INTO {table} VALUES (1, 'x', %s)", (BIG,))
+                conn.execute(f"UPDATE {table} SET a = 'y' WHERE id = 1")
+                conn.execute(f"DELETE FROM {table} WHERE id = 1")
+        view = rig.read(lambda v: len(v.events) >= 6, timeout=60)
+        assert "replication slot created" not in capture.log()
+    finally:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                         "WHERE slot_name = 'ro_slot' AND active_pid IS NOT NULL")
+            for process in rig.processes:
+                process.stop()
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+    def row(r: Any) -> dict[str, Any]:
+        out = {}
+        for c in r.columns:
+            kind = c.value.WhichOneof("kind")
+            out[c.name] = "UNCHANGED" if kind == "unchanged_toast" else getattr(c.value, kind)
+        return out
+
+    events = {(e.table, e.op): e for _, _, e in view.events}
+    full_update = events[("full_t", Op.OP_UPDATE)]
+    assert row(full_update.before) == {"id": 1, "a": "x", "big": BIG}
+    assert row(full_update.after) == {"id": 1, "a": "y", "big": "UNCHANGED"}
+    assert row(events[("full_t", Op.OP_DELETE)].before) == {"id": 1, "a": "y", "big": BIG}
+    keyed_update = events[("keyed", Op.OP_UPDATE)]
+    assert row(keyed_update.before) == {"id": 1}
+    assert row(keyed_update.after) == {"id": 1, "a": "y", "big": "UNCHANGED"}
+    assert row(events[("keyed", Op.OP_DELETE)].before) == {"id": 1}
+    assert not events[("keyed", Op.OP_DELETE)].after.columns
