@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from tailrace.bus import partition_for, producer_config
 from tailrace.control_client import ControlClient
 from tailrace.errors import FatalError, RetryableError
-from tailrace.events import encode_epoch, encode_event, key_bytes
+from tailrace.events import bus_key, encode_epoch, encode_event
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
 
@@ -88,7 +88,7 @@ class BusPublisher:
     def publish_transaction(self, events: Iterable[ChangeEvent]) -> None:
         last = None
         for event in events:
-            key = key_bytes(event)
+            key = bus_key(event)
             self._produce(key, encode_event(event), partition_for(key, self._partitions))
             self.events_published += 1
             last = event

@@ -1,6 +1,7 @@
 """The change event: typed values, deterministic ids, the bus codec and JSON envelopes."""
 
 from tailrace.events._codec import (
+    bus_key,
     decode_record,
     encode_epoch,
     encode_event,
@@ -33,6 +34,7 @@ __all__ = [
     "PostgresPosition",
     "Row",
     "Value",
+    "bus_key",
     "decode_record",
     "encode_epoch",
     "encode_event",
