@@ -55,7 +55,8 @@ def test_without_journal_a_failing_event_blocks_with_a_clear_error(delivery_rig,
                          "stream": "dlq-off.{table}"}], extra=PROCESSORS)
     publish(rig, range(1, 6), {4})
     rig.start_job()
-    time.sleep(60)
+    rig.wait(lambda: rig.client.get_pipeline(rig.name).name == rig.name, 120, "the job to start")
+    time.sleep(25)
     assert rig.error is None, "not fatal: the batch is retried until fixed"
     assert rig.checkpoint_seq("r") == 0, "nothing committed past the failing event"
     assert rig.client.dlq_count(rig.name) == 0
