@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import random
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
@@ -183,8 +184,6 @@ class PasswordNats(NatsServer):
 class PasswordPostgres(PostgresServer):
     """PostgreSQL where `sinkuser` must give its password (scram) over TCP."""
 
-    name: ClassVar[str] = "postgres"
-
     def _prepare(self, directory: Path) -> None:
         super()._prepare(directory)
         hba = self.datadir / "pg_hba.conf"
@@ -203,15 +202,29 @@ class PasswordPostgres(PostgresServer):
 @pytest.fixture(scope="session")
 def noida_kafka() -> Iterator[NoidaKafka]:
     """A broker that filters aborted transactions and reports fencing (shared)."""
-    with NoidaKafka() as broker:
+    broker = NoidaKafka().start()
+    try:
         yield broker
+    finally:
+        gc.collect()  # clients left in reference cycles would retry the dead broker, loudly
+        broker.kill()  # a graceful stop first saves every topic to disk: seconds, for nothing
+        broker.stop()
 
 
 @pytest.fixture
 def make_noida_kafka() -> Iterator[Callable[..., NoidaKafka]]:
     """An own broker for a test that stops or restarts it."""
-    with ExitStack() as stack:
-        yield lambda **kw: stack.enter_context(NoidaKafka(**kw))
+    made: list[NoidaKafka] = []
+
+    def make(**kwargs: Any) -> NoidaKafka:
+        made.append(NoidaKafka(**kwargs).start())
+        return made[-1]
+
+    yield make
+    gc.collect()
+    for broker in made:
+        broker.kill()
+        broker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -241,10 +254,28 @@ def make_nats_server() -> Iterator[Callable[..., NatsServer]]:
 # -- the kill-test driver -------------------------------------------------------------------
 
 def drive(spec_json: str, pipeline: str, events_file: Path, batch: int,
-          control_file: Path | None, pause_s: float) -> None:
-    """Write the source's batches through the sink; print one line per acknowledged batch."""
+          control_file: Path | None, commit_delay_s: float, ack_delay_s: float) -> None:
+    """Write the source's batches through the sink; print one line per acknowledged batch.
+
+    Fault injection widens the windows a kill should hit: `commit_delay_s` holds every Kafka
+    transaction open (produced, not committed) that long; `ack_delay_s` waits between the
+    sink's acknowledgement and the runtime-style checkpoint.
+    """
     from tailrace_services.delivery.sinks import build_sink
     from tailrace_services.delivery.sinks.base import BatchCommit
+
+    if commit_delay_s:
+        from confluent_kafka import Producer  # type: ignore[attr-defined]
+
+        from tailrace_services.delivery.sinks import _kafka_tx
+
+        class SlowCommitProducer(Producer):  # type: ignore[misc]
+            def commit_transaction(self, *args: Any) -> None:
+                self.flush(10)  # the batch is on the broker, inside the open transaction
+                time.sleep(commit_delay_s)
+                super().commit_transaction(*args)
+
+        _kafka_tx.Producer = SlowCommitProducer  # type: ignore[misc]
 
     sink = build_sink(sink_spec(**json.loads(spec_json)), pipeline=pipeline)
     sink.open()
@@ -265,13 +296,12 @@ def drive(spec_json: str, pipeline: str, events_file: Path, batch: int,
                 if sink.classify(e).value != "retryable" or attempt == 19:
                     raise
                 time.sleep(0.2)
+        time.sleep(ack_delay_s)
         if control_file is not None:
             tmp = control_file.with_suffix(".tmp")
             tmp.write_text(str(n))
             tmp.replace(control_file)
         print(f"batch {n} acked", flush=True)
-        if pause_s:
-            time.sleep(pause_s)
     sink.close()
     print("finished", flush=True)
 
@@ -285,9 +315,11 @@ def main(argv: list[str]) -> None:
     d.add_argument("--events-file", type=Path, required=True, help="made by save_events()")
     d.add_argument("--batch", type=int, default=500)
     d.add_argument("--control-file", type=Path)
-    d.add_argument("--pause", type=float, default=0.0)
+    d.add_argument("--commit-delay", type=float, default=0.0)
+    d.add_argument("--ack-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
-    drive(args.spec, args.pipeline, args.events_file, args.batch, args.control_file, args.pause)
+    drive(args.spec, args.pipeline, args.events_file, args.batch, args.control_file,
+          args.commit_delay, args.ack_delay)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,15 @@ import struct
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.events import Column, Row, value_of
 from tailrace.events._values import Json
-from tailrace_services.capture_mysql.schema import ColumnShape, TableShape
+
+if TYPE_CHECKING:  # schema.py builds RowDecoders: import its types for annotations only
+    from tailrace_services.capture_mysql.schema import ColumnShape, TableShape
 
 __all__ = ["RowDecoder", "converter_for", "make_row"]
 

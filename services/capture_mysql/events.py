@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from tailrace.events import ChangeEvent, Op, Row, idempotency_key
+from tailrace.events import ChangeEvent, Op, Position, Row, idempotency_key
 from tailrace.events import event_id as make_event_id
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.schema import TableShape
@@ -47,15 +47,21 @@ class EventFactory:
             schema_version=shape.fingerprint if shape else "", schema_sequence=sequence)
 
     def stamp(self, event: ChangeEvent, position: CapturePosition, *, index: int, size: int,
-              commit_ts: int) -> ChangeEvent:
-        """Fill the transaction fields once the commit is known."""
+              commit_ts: int, native: Position | None = None, captured_us: int = 0
+              ) -> ChangeEvent:
+        """Fill the transaction fields once the commit is known.
+
+        `native` (the position's proto) and `captured_us` may be made once per
+        transaction by the caller; the event's own index is set here.
+        """
         event.tx_id = position.gtid
         event.tx_index = index
         event.tx_size = size
         event.tx_end = index == size - 1
-        event.position.CopyFrom(position.to_proto(index))
+        event.position.CopyFrom(native if native is not None else position.to_proto())
+        event.position.event_index = index
         event.ts_source_micros = commit_ts * 1_000_000
-        event.ts_captured_micros = int(time.time() * 1_000_000)
+        event.ts_captured_micros = captured_us or int(time.time() * 1_000_000)
         event.id = make_event_id(self.source_id, position.gtid, index, commit_ts * 1000)
         event.idempotency_key = idempotency_key(self.tenant, event.database, event.table,
                                                 event.tx_id, event.id)

@@ -18,16 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymysql
 from pymysqlreplication.constants import FIELD_TYPE
 
+from tailrace.control_client import ControlClient
 from tailrace.errors import FatalError
+from tailrace.logs import get_logger
+from tailrace.proto.event_pb2 import Position
+from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
+from tailrace_services.capture_mysql.decoder import RowDecoder
+from tailrace_services.capture_mysql.gtid import MariadbGtid, MariadbGtidPosition, MysqlGtidSet
 
-__all__ = ["ColumnShape", "TableShape", "TypeHints", "catalog_shape", "fingerprint",
-           "shape_from_table_map"]
+__all__ = ["ColumnShape", "SchemaTracker", "TableShape", "TypeHints", "catalog_shape",
+           "fingerprint", "shape_from_table_map"]
+
+log = get_logger(__name__)
 
 _INT_NAMES = {FIELD_TYPE.TINY: "tinyint", FIELD_TYPE.SHORT: "smallint",
               FIELD_TYPE.INT24: "mediumint", FIELD_TYPE.LONG: "int",
@@ -52,15 +60,13 @@ class TableShape:
     database: str
     table: str
     columns: tuple[ColumnShape, ...]
+    key_columns: tuple[str, ...] = field(init=False)
+    fingerprint: str = field(init=False)
 
-    @property
-    def key_columns(self) -> list[str]:
+    def __post_init__(self) -> None:
         keys = [c.name for c in self.columns if c.key]
-        return keys or [c.name for c in self.columns]
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint(self)
+        object.__setattr__(self, "key_columns", tuple(keys or [c.name for c in self.columns]))
+        object.__setattr__(self, "fingerprint", fingerprint(self))
 
     def schema_json(self) -> str:
         return json.dumps({"database": self.database, "table": self.table,
@@ -219,3 +225,95 @@ def catalog_shape(conn: pymysql.connections.Connection, database: str, table: st
         ColumnShape(name=str(name), type=catalog_type(str(ctype), str(dtype), name in json_cols),
                     key=str(key) == "PRI")
         for name, ctype, dtype, key in rows))
+
+
+class SchemaTracker:
+    """Table shapes of the stream, registered once per fingerprint; catalog hints per table."""
+
+    def __init__(self, control: ControlClient, tenant: str, settings: ConnectionSettings,
+                 flavor: str) -> None:
+        self.control = control
+        self.tenant = tenant
+        self.settings = settings
+        self.hints = TypeHints(flavor)
+        self._shapes: dict[tuple[Any, ...], tuple[TableShape, RowDecoder]] = {}
+        self._sequences: dict[str, int] = {}
+        self.latest: dict[tuple[str, str], TableShape] = {}
+
+    def _catalog(self) -> pymysql.connections.Connection:
+        return connect(self.settings)
+
+    def for_rows(self, database: str, table: str, columns: list[Any], position: Position
+                 ) -> tuple[TableShape, RowDecoder, int]:
+        key = (database, table, tuple(
+            (c.name, c.type, c.unsigned, c.is_primary, c.character_set_name,
+             getattr(c, "fsp", None), getattr(c, "precision", None),
+             getattr(c, "decimals", None), getattr(c, "bits", None),
+             getattr(c, "max_length", None), getattr(c, "length_size", None),
+             tuple(c.enum_values or ()), tuple(c.set_values or ())) for c in columns))
+        found = self._shapes.get(key)
+        if found is None:
+            hints = self._hints(database, table)
+            shape = shape_from_table_map(database, table, columns, hints)
+            found = (shape, RowDecoder(shape))
+            self._shapes[key] = found
+        shape, decoder = found
+        self.latest[(database, table)] = shape
+        return shape, decoder, self.register(shape, position)
+
+    def _hints(self, database: str, table: str) -> dict[str, str]:
+        if self.hints.flavor != "mariadb":
+            return {}
+        conn = self._catalog()
+        try:
+            return self.hints.get(conn, database, table)
+        finally:
+            conn.close()
+
+    def register(self, shape: TableShape, position: Position | None) -> int:
+        fp = shape.fingerprint
+        if fp not in self._sequences:
+            record = self.control.register_schema(self.tenant, shape.database, shape.table, fp,
+                                                  shape.schema_json(), position)
+            self._sequences[fp] = int(record.sequence)
+            log.info("schema registered", table=f"{shape.database}.{shape.table}",
+                     version=int(record.version), sequence=int(record.sequence),
+                     fingerprint=fp[:12])
+        return self._sequences[fp]
+
+    def after_ddl(self, database: str, table: str, gtid: str, position: Position
+                  ) -> tuple[TableShape | None, int]:
+        """Forget the table's hints; register its new structure when the catalog shows it.
+
+        The catalog shows the structure *now*. That is this DDL's result only when
+        nothing followed it in the binlog yet (we are at the tail); while catching
+        up, a later DDL may already be applied, so registration waits for the next
+        table map of the table, which is exact for its rows.
+        """
+        self.hints.forget(database, table)
+        conn = self._catalog()
+        try:
+            if not _at_tail(conn, self.hints.flavor, gtid):
+                return None, 0
+            shape = catalog_shape(conn, database, table)
+        finally:
+            conn.close()
+        if not shape.columns:
+            return None, 0  # dropped (or renamed away)
+        self.latest[(database, table)] = shape
+        return shape, self.register(shape, position)
+
+
+def _at_tail(conn: pymysql.connections.Connection, flavor: str, gtid: str) -> bool:
+    """Is `gtid` the last transaction in the server's binlog?"""
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@global.gtid_binlog_pos" if flavor == "mariadb"
+                    else "SELECT @@global.gtid_executed")
+        (text,) = cur.fetchone()
+    if flavor == "mariadb":
+        g = MariadbGtid.parse(gtid)
+        current = MariadbGtidPosition.parse(str(text or "")).get(g.domain)
+        return current == g
+    sid, number = MysqlGtidSet.parse_gtid(gtid)
+    intervals = MysqlGtidSet.parse(str(text or "")).intervals(sid.uuid, sid.tag)
+    return bool(intervals) and intervals[-1][1] == number

@@ -51,9 +51,8 @@ from tailrace_services.capture_mysql.connection import (
     connect,
     read_facts,
 )
-from tailrace_services.capture_mysql.decoder import RowDecoder
 from tailrace_services.capture_mysql.events import EventFactory
-from tailrace_services.capture_mysql.gtid import MariadbGtid, MariadbGtidPosition, MysqlGtidSet
+from tailrace_services.capture_mysql.gtid import MariadbGtidPosition
 from tailrace_services.capture_mysql.identity import (
     ServerCheck,
     identity_attributes,
@@ -61,12 +60,7 @@ from tailrace_services.capture_mysql.identity import (
 )
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.resume import published_tail
-from tailrace_services.capture_mysql.schema import (
-    TableShape,
-    TypeHints,
-    catalog_shape,
-    shape_from_table_map,
-)
+from tailrace_services.capture_mysql.schema import SchemaTracker
 from tailrace_services.capture_mysql.stream import (
     BinlogStream,
     Idle,
@@ -86,98 +80,6 @@ log = get_logger(__name__)
 def default_replica_server_id(pipeline: str, source_id: str) -> int:
     """A stable server_id per pipeline and source, away from the small ids servers use."""
     return 1_000_000 + zlib.crc32(f"{pipeline}/{source_id}".encode()) % 2_000_000_000
-
-
-class SchemaTracker:
-    """Table shapes of the stream, registered once per fingerprint; catalog hints per table."""
-
-    def __init__(self, control: ControlClient, tenant: str, settings: ConnectionSettings,
-                 flavor: str) -> None:
-        self.control = control
-        self.tenant = tenant
-        self.settings = settings
-        self.hints = TypeHints(flavor)
-        self._shapes: dict[tuple[Any, ...], tuple[TableShape, RowDecoder]] = {}
-        self._sequences: dict[str, int] = {}
-        self.latest: dict[tuple[str, str], TableShape] = {}
-
-    def _catalog(self) -> pymysql.connections.Connection:
-        return connect(self.settings)
-
-    def for_rows(self, database: str, table: str, columns: list[Any], position: Position
-                 ) -> tuple[TableShape, RowDecoder, int]:
-        key = (database, table, tuple(
-            (c.name, c.type, c.unsigned, c.is_primary, c.character_set_name,
-             getattr(c, "fsp", None), getattr(c, "precision", None),
-             getattr(c, "decimals", None), getattr(c, "bits", None),
-             getattr(c, "max_length", None), getattr(c, "length_size", None),
-             tuple(c.enum_values or ()), tuple(c.set_values or ())) for c in columns))
-        found = self._shapes.get(key)
-        if found is None:
-            hints = self._hints(database, table)
-            shape = shape_from_table_map(database, table, columns, hints)
-            found = (shape, RowDecoder(shape))
-            self._shapes[key] = found
-        shape, decoder = found
-        self.latest[(database, table)] = shape
-        return shape, decoder, self.register(shape, position)
-
-    def _hints(self, database: str, table: str) -> dict[str, str]:
-        if self.hints.flavor != "mariadb":
-            return {}
-        conn = self._catalog()
-        try:
-            return self.hints.get(conn, database, table)
-        finally:
-            conn.close()
-
-    def register(self, shape: TableShape, position: Position | None) -> int:
-        fp = shape.fingerprint
-        if fp not in self._sequences:
-            record = self.control.register_schema(self.tenant, shape.database, shape.table, fp,
-                                                  shape.schema_json(), position)
-            self._sequences[fp] = int(record.sequence)
-            log.info("schema registered", table=f"{shape.database}.{shape.table}",
-                     version=int(record.version), sequence=int(record.sequence),
-                     fingerprint=fp[:12])
-        return self._sequences[fp]
-
-    def after_ddl(self, database: str, table: str, gtid: str, position: Position
-                  ) -> tuple[TableShape | None, int]:
-        """Forget the table's hints; register its new structure when the catalog shows it.
-
-        The catalog shows the structure *now*. That is this DDL's result only when
-        nothing followed it in the binlog yet (we are at the tail); while catching
-        up, a later DDL may already be applied, so registration waits for the next
-        table map of the table, which is exact for its rows.
-        """
-        self.hints.forget(database, table)
-        conn = self._catalog()
-        try:
-            if not _at_tail(conn, self.hints.flavor, gtid):
-                return None, 0
-            shape = catalog_shape(conn, database, table)
-        finally:
-            conn.close()
-        if not shape.columns:
-            return None, 0  # dropped (or renamed away)
-        self.latest[(database, table)] = shape
-        return shape, self.register(shape, position)
-
-
-def _at_tail(conn: pymysql.connections.Connection, flavor: str, gtid: str) -> bool:
-    """Is `gtid` the last transaction in the server's binlog?"""
-    with conn.cursor() as cur:
-        cur.execute("SELECT @@global.gtid_binlog_pos" if flavor == "mariadb"
-                    else "SELECT @@global.gtid_executed")
-        (text,) = cur.fetchone()
-    if flavor == "mariadb":
-        g = MariadbGtid.parse(gtid)
-        current = MariadbGtidPosition.parse(str(text or "")).get(g.domain)
-        return current == g
-    sid, number = MysqlGtidSet.parse_gtid(gtid)
-    intervals = MysqlGtidSet.parse(str(text or "")).intervals(sid.uuid, sid.tag)
-    return bool(intervals) and intervals[-1][1] == number
 
 
 class MysqlCapture:
@@ -420,12 +322,15 @@ class MysqlCapture:
         size = len(buffer)
         metrics.SPILL_BYTES.labels(sid).set(buffer.spilled_bytes)
         nbytes = 0
+        native = position.to_proto()
+        captured_us = int(time.time() * 1_000_000)
 
         def stamped() -> Any:
             nonlocal nbytes
             for i, ev in enumerate(buffer):
                 out: ChangeEvent = factory.stamp(ev, position, index=i, size=size,
-                                                 commit_ts=commit_ts)
+                                                 commit_ts=commit_ts, native=native,
+                                                 captured_us=captured_us)
                 nbytes += out.ByteSize()
                 yield out
 

@@ -43,15 +43,17 @@ class KillRun:
 
 
 def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, seed: int,
-                   batch: int = 500, control: bool = False, pipeline: str = "chaos") -> KillRun:
+                   batch: int = 500, control: bool = False, pipeline: str = "chaos",
+                   faults: tuple[str, ...] = (), window_s: float = 0.15) -> KillRun:
     """Start the driver and SIGKILL it `KILLS` times, each time a little further on (after
-    0-2 batches past the furthest acknowledged so far, plus a random part of the next
-    write); then let it finish."""
+    0-2 batches past the furthest acknowledged so far, plus a random 0-`window_s`, about
+    a batch's write time); then let it finish."""
     rng = random.Random(seed)
     cmd = [sys.executable, "-m", "tests.fix_sinks", "drive", "--spec", json.dumps(spec),
            "--pipeline", pipeline, "--events-file", str(events_file), "--batch", str(batch)]
     if control:
         cmd += ["--control-file", str(workdir / "control.ckpt")]
+    cmd += faults
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     kills, acked, furthest = 0, [], -1
     for attempt in range(KILLS + 1):
@@ -68,7 +70,7 @@ def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, se
             assert proc.poll() is None, out.read_text()[-3000:]
             assert time.monotonic() < deadline, "the driver made no progress"
             time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.25))
+        time.sleep(rng.uniform(0.0, window_s))
         if proc.poll() is None:
             proc.kill()  # SIGKILL: no cleanup, no abort, mid-write as likely as not
             kills += 1
@@ -179,7 +181,9 @@ def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
     prefix = f"k{uuid.uuid4().hex[:8]}"
     spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
             "topic": prefix + ".{table}", "exactly_once": True}
-    run = run_with_kills(spec, path, tmp_path, seed=3, batch=2000, pipeline=prefix)
+    run = run_with_kills(spec, path, tmp_path, seed=3, batch=2000, pipeline=prefix,
+                         faults=("--commit-delay", "0.3"),  # most kills hit an open transaction
+                         window_s=0.8)
     committed = read_all(noida_kafka.bootstrap, prefix, "read_committed")
     for table in ("orders", "items"):
         got = [i for t, i in committed if t == table]
@@ -190,6 +194,7 @@ def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
     report("kafka exactly-once", run, read_committed=len(committed),
            read_uncommitted_incl_aborted=len(uncommitted))
     assert run.kills == KILLS
+    assert len(uncommitted) > len(committed), "no kill hit an open transaction"
 
 
 def test_kafka_at_least_once_shows_the_duplicates_it_allows(noida_kafka: Any, events_50k: Any,
@@ -199,7 +204,7 @@ def test_kafka_at_least_once_shows_the_duplicates_it_allows(noida_kafka: Any, ev
     spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
             "topic": prefix + ".{table}", "exactly_once": False}
     run = run_with_kills(spec, path, tmp_path, seed=3, batch=2000, control=True,
-                         pipeline=prefix)
+                         pipeline=prefix, faults=("--ack-delay", "0.2"), window_s=0.8)
     got = read_all(noida_kafka.bootstrap, prefix, "read_uncommitted")
     counts = Counter(i for _, i in got)
     assert set(counts) == {e.id for e in events}  # nothing lost

@@ -55,7 +55,7 @@ def test_without_journal_a_failing_event_blocks_with_a_clear_error(delivery_rig,
                          "stream": "dlq-off.{table}"}], extra=PROCESSORS)
     publish(rig, range(1, 6), {4})
     rig.start_job()
-    rig.wait(lambda: rig.client.get_pipeline(rig.name).name == rig.name, 120, "the job to start")
+    rig.wait(lambda: rig.client.pipeline_state(rig.name)[0] != "unknown", 120, "the job to start")
     time.sleep(25)
     assert rig.error is None, "not fatal: the batch is retried until fixed"
     assert rig.checkpoint_seq("r") == 0, "nothing committed past the failing event"

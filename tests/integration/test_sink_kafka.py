@@ -122,6 +122,7 @@ def test_an_unfinished_transaction_is_invisible_and_aborted_on_restart(noida_kaf
     got = ids(read_topics(noida_kafka.bootstrap, prefix))
     assert sorted(got) == sorted(e.id for b in batches for e in b)
     restarted.close()
+    sink.close()
 
 
 def test_a_second_instance_fences_the_first_which_stops_fatally(noida_kafka: Any) -> None:
@@ -141,6 +142,7 @@ def test_a_second_instance_fences_the_first_which_stops_fatally(noida_kafka: Any
     got = ids(read_topics(noida_kafka.bootstrap, prefix))
     assert len(got) == len(set(got)) == 400  # nothing of the zombie's batch, nothing twice
     second.close()
+    first.close()
 
 
 def test_too_large_messages_fail_alone_and_nothing_of_the_batch_commits(noida_kafka: Any

@@ -72,7 +72,7 @@ def test_types_are_named_alike_from_table_map_and_catalog() -> None:
         data_type = column_type.split("(")[0].split()[0]
         assert catalog_type(column_type, data_type, False) == expected
     assert catalog_type("longtext", "longtext", True) == "json"
-    assert shape.key_columns == ["id"]
+    assert list(shape.key_columns) == ["id"]
 
 
 def test_values_decode_exactly() -> None:

@@ -86,7 +86,8 @@ class TransactionalWriter:
         self.checkpoint_topic = checkpoint_topic
         self.checkpoint_key = checkpoint_key.encode()
         self.timeout_s = timeout_s
-        self._producer = Producer({**producer, "transactional.id": transactional_id})
+        self._producer: Producer | None = Producer({**producer,
+                                                     "transactional.id": transactional_id})
         self._producer.init_transactions(timeout_s)
         self.stored: Position | None = read_checkpoint(
             client, checkpoint_topic, self.checkpoint_key, timeout_s)
@@ -102,23 +103,35 @@ class TransactionalWriter:
         if not fresh and (commit is None or not advances(commit, self.stored)):
             return
         messages = build(events, fresh)
-        producer = self._producer
+        producer = self._live()
         deadline = time.monotonic() + self.timeout_s
         producer.begin_transaction()
         produce_all(producer, [(i, messages[i]) for i in fresh], errors, deadline)
         if commit is not None:
             producer.produce(self.checkpoint_topic, commit.position.SerializeToString(),
                              self.checkpoint_key)
-        producer.commit_transaction(max(deadline - time.monotonic(), 1.0))
+        del producer  # a failure's traceback keeps this frame: let close() free the client
+        self._live().commit_transaction(max(deadline - time.monotonic(), 1.0))
         if commit is not None:
             self.stored = commit.position
 
+    def _live(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError("this transactional writer was closed; make a new one")
+        return self._producer
+
     def close(self) -> None:
-        """Abort what is open (best effort) and drop the producer."""
+        """Abort what is open (best effort) and drop the producer.
+
+        The reference is dropped explicitly: a failed write's traceback may keep this
+        writer alive for a while, and the client would go on reconnecting meanwhile.
+        """
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
         # Nothing open, fenced, or the broker is away: the next init_transactions settles it.
         with contextlib.suppress(KafkaException):
-            self._producer.abort_transaction(min(self.timeout_s, 2.0))
-        self._producer.flush(0)
+            producer.abort_transaction(min(self.timeout_s, 2.0))
 
 
 def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
@@ -158,7 +171,7 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
     try:
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in targets])
         while True:
-            for msg in reader.consume(1000, 0.2):
+            for msg in reader.consume(1000, 0.05):
                 if msg.error() is None and msg.key() == key:
                     value = msg.value()  # the latest wins; None is a tombstone
             positions = reader.position([TopicPartition(topic, p) for p in targets])

@@ -153,7 +153,8 @@ class KafkaSink(Sink):
                         raise
                 log.info("checkpoint topic created", sink=self.id, topic=self.checkpoint_topic)
         except Exception as e:
-            raise self._error("cannot reach the brokers", e) from None
+            raise self._error("cannot reach the brokers or create the checkpoint topic",
+                              e) from None
         self._checked = True
 
     def close(self) -> None:
@@ -177,6 +178,7 @@ class KafkaSink(Sink):
         if commit is not None:
             self._pipeline = commit.pipeline
         writer_id = self._transactional_id(commit.partition if commit else 0)
+        failure: Exception | None = None
         try:
             writer = self._writer(commit.partition if commit else 0)
             writer.write(events, self._messages, commit, errors, on_skip=lambda n: log.info(
@@ -187,7 +189,11 @@ class KafkaSink(Sink):
             dropped = self._writers.pop(writer_id, None)
             if dropped is not None:
                 dropped.close()  # the next write starts from the committed checkpoint
-            raise self._write_error(e, errors, writer_id) from None
+            failure = self._write_error(e, errors, writer_id)
+        if failure is not None:
+            # Raised here, not in the except block: no __context__ whose traceback would keep
+            # the dropped producer (and its broker connections) alive.
+            raise failure
 
     def _write_at_least_once(self, messages: Sequence[Message], errors: DeliveryErrors) -> None:
         if self._producer is None:
@@ -210,9 +216,14 @@ class KafkaSink(Sink):
             err = kafka_error_of(e)
             if err is not None and err.fatal():
                 self._producer = None  # an idempotence failure: a new producer, then retry
-                raise RetryableError(f"kafka sink {self.id}: the producer failed "
-                                     f"({redact(str(err))}); it is replaced, retry") from None
-            raise self._write_error(e, errors) from None
+                failure: Exception = RetryableError(
+                    f"kafka sink {self.id}: the producer failed ({redact(str(err))}); it is "
+                    "replaced, retry")
+            else:
+                failure = self._write_error(e, errors)
+        else:
+            return
+        raise failure  # outside the except block: see write()
 
     def _writer(self, partition: int) -> TransactionalWriter:
         tid = self._transactional_id(partition)
@@ -264,7 +275,8 @@ class KafkaSink(Sink):
             return self._writer(partition).stored
         except Exception as e:
             self._writers.pop(self._transactional_id(partition), None)
-            raise self._write_error(e, {}, self._transactional_id(partition)) from None
+            failure = self._write_error(e, {}, self._transactional_id(partition))
+        raise failure  # outside the except block: see write()
 
     # -- errors ------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from tailrace.envelopes import Encoder
 from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent
 from tailrace.logs import get_logger, redact
-from tailrace_services.delivery.sinks._common import destination, headers
+from tailrace_services.delivery.sinks._common import destination
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
     ErrorClass,
@@ -125,7 +125,9 @@ class NatsSink(Sink):
         self._nc = await nats.connect(
             self._spec.url.get_secret_value(), name=f"tailrace-sink-{self.id}",
             connect_timeout=max(int(self._timeout_s), 1), allow_reconnect=False,
-            max_reconnect_attempts=0, error_cb=on_error)
+            # two attempts, then NoServersError (0 would mean "forever" to nats-py);
+            # the runtime's retry policy does the waiting
+            max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=on_error)
         self._js = self._nc.jetstream(timeout=self._timeout_s)
         if not self._stream_checked:
             await self._ensure_stream(self._js)
@@ -188,8 +190,10 @@ class NatsSink(Sink):
         failures: list[tuple[int, str]] = []
         for i, event in enumerate(events):
             try:
+                # Few headers: nats-py's header encoding costs more than the payload; the
+                # event id, tx id and schema version are in every envelope's body.
                 hdrs = {"Nats-Msg-Id": event.idempotency_key,
-                        **headers(event, encoder.content_type)}
+                        "Content-Type": encoder.content_type}
                 msg = (destination(self._spec.subject, event), encoder.encode(event), hdrs)
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
@@ -211,28 +215,20 @@ class NatsSink(Sink):
         assert nc is not None and js is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
-        futures = [await js.publish_async(subject, payload, headers=dict(hdrs),
-                                          wait_stall=self._timeout_s)
+        futures = [await js.publish_async(subject, payload, headers=dict(hdrs))
                    for subject, payload, hdrs in messages]
-        pending: set[asyncio.Future[PubAck]] = set(futures)
+        acks = asyncio.gather(*futures)  # fails with the first failed ack
         try:
-            while pending:
-                _, pending = await asyncio.wait(pending, timeout=0.1)
-                failed = next((f for f in futures
-                               if f.done() and not f.cancelled() and f.exception()), None)
-                if failed is not None:
-                    raise failed.exception()  # type: ignore[misc]
-                if pending and (nc.is_closed or not nc.is_connected):
+            while not acks.done():
+                await asyncio.wait({acks}, timeout=0.05)
+                if not acks.done() and (nc.is_closed or not nc.is_connected):
                     raise nats.errors.ConnectionClosedError
-                if pending and loop.time() > deadline:
+                if not acks.done() and loop.time() > deadline:
                     raise nats.errors.TimeoutError
-        finally:
-            for f in futures:  # retrieve or cancel the rest: no "exception never retrieved"
-                if f.done() and not f.cancelled():
-                    f.exception()
-                else:
-                    f.cancel()
-        return [f.result() for f in futures]
+        except BaseException:
+            acks.cancel()
+            raise
+        return list(acks.result())
 
     # -- errors ------------------------------------------------------------------------
 
