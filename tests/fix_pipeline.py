@@ -117,8 +117,8 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
         spec_path = tmp_path / f"{name}.yaml"
         spec_path.write_text(SPEC_TEMPLATE.format(
             name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
-            sink=sink or ("{id: redis1, type: redis, url: \"%s\", stream: \"%s\"}"
-                          % (redis_server.url, stream)),
+            sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
+                              f'stream: "{stream}"}}',
             brokers=kafka_broker.bootstrap, control_port=control_port) + extra)
         p = RunningPipeline(dir=tmp_path, spec_path=spec_path,
                             control_address=f"127.0.0.1:{control_port}",

@@ -53,14 +53,14 @@ def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeE
 
 def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after: Position | None,
                     commit_for: Callable[[Sink, Position], BatchCommit],
-                    dead_letter: bool, sleep: Callable[[float], None] | None = None
-                    ) -> SinkOutcome:
+                    dead_letter: bool, sleep: Callable[[float], None] | None = None,
+                    partition: int = 0) -> SinkOutcome:
     """All batches to one sink, in order; never raises except FatalError."""
     outcome = SinkOutcome(sink.id, sink.required)
     hwm = position_key(after) if after is not None else (-1, -1)
     started = time.monotonic()
     try:
-        stored = _retry(sink, lambda: _open(sink), sleep)
+        stored = _retry(sink, lambda: _open(sink, partition), sleep)
     except Exception as e:  # noqa: BLE001 - classified in _give_up
         return _give_up(sink, outcome, e)
     if stored is not None and position_key(stored) > hwm:
@@ -71,12 +71,12 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
         outcome.write_s = time.monotonic() - started
 
 
-def _open(sink: Sink) -> Position | None:
+def _open(sink: Sink, partition: int) -> Position | None:
     """Open once per worker (connect, check the destination), then read its stored checkpoint."""
     if not getattr(sink, "_opened", False):
         sink.open()
         sink._opened = True  # type: ignore[attr-defined]
-    return sink.stored_position()
+    return sink.stored_position(partition)
 
 
 def _retry(sink: Sink, fn: Callable[[], T], sleep: Callable[[float], None] | None) -> T:
@@ -141,13 +141,13 @@ def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_lett
 
 def fan_out(sinks: Sequence[Sink], batches: Sequence[Sequence[ChangeEvent]],
             checkpoints: dict[str, Position | None],
-            commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool
-            ) -> list[SinkOutcome]:
+            commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
+            partition: int = 0) -> list[SinkOutcome]:
     """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError."""
     if len(sinks) == 1:
         return [deliver_to_sink(sinks[0], batches, checkpoints.get(sinks[0].id), commit_for,
-                                dead_letter)]
+                                dead_letter, partition=partition)]
     with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="sink") as pool:
         futures = [pool.submit(deliver_to_sink, s, batches, checkpoints.get(s.id), commit_for,
-                               dead_letter) for s in sinks]
+                               dead_letter, None, partition) for s in sinks]
         return [f.result() for f in futures]

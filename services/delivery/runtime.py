@@ -92,9 +92,10 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
 
     def commit_for(sink: Sink, position: Position) -> BatchCommit:
         return BatchCommit(pipeline=pipeline, source_id=source_id, sink_id=sink.id,
-                           position=position)
+                           position=position, partition=partition)
 
-    result.outcomes = fan_out(sinks, batches, checkpoints, commit_for, dead_letter=journal)
+    result.outcomes = fan_out(sinks, batches, checkpoints, commit_for, dead_letter=journal,
+                              partition=partition)
     for outcome in result.outcomes:
         result.dead_letters.extend((outcome.sink_id, e, r) for e, r in outcome.dead_letters)
     return result

@@ -92,6 +92,8 @@ class KafkaSinkSpec(_SinkBase):
     brokers: str
     topic: str = "cdc.{database}.{table}"
     exactly_once: bool = False
+    checkpoint_topic: str | None = None  # default __tailrace_checkpoints (compacted)
+    client_config: dict[str, str] = {}   # extra librdkafka settings (SASL, TLS, ...)
 
     _tpl = field_validator("topic")(classmethod(lambda cls, v: _check_template(v)))
 
@@ -110,6 +112,7 @@ class PostgresSinkSpec(_SinkBase):
     type: Literal["postgres"]
     dsn: SecretStr
     table: str = "{table}"
+    follow_ddl: bool = False  # add columns that appear in the source to the target table
 
     _tpl = field_validator("table")(classmethod(lambda cls, v: _check_template(v)))
 

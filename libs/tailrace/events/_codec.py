@@ -35,15 +35,18 @@ def decode_record(data: bytes) -> BusRecord:
     return record
 
 
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def key_bytes(event: ChangeEvent) -> bytes:
-    """The bus key: the primary key values, serialized, so one row stays in one partition."""
+    """The message key for sinks: the table and primary-key values as compact JSON."""
     row = event.after if event.op in (Op.OP_INSERT, Op.OP_SNAPSHOT_READ) else event.before
     if not event.key_columns or not row.columns:
         row = event.after if event.after.columns else event.before
-    values = {c.name: json_of(c.value) for c in row.columns if c.name in set(event.key_columns)}
-    key = {"table": f"{event.database}.{event.schema + '.' if event.schema else ''}{event.table}",
-           "pk": values}
-    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str).encode()
+    keys = set(event.key_columns)
+    values = {c.name: json_of(c.value) for c in row.columns if c.name in keys}
+    table = f"{event.database}.{event.schema + '.' if event.schema else ''}{event.table}"
+    return _KEY_JSON.encode({"pk": values, "table": table}).encode()
 
 
 def bus_key(event: ChangeEvent) -> bytes:
