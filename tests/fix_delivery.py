@@ -41,6 +41,7 @@ class DeliveryRig:
     topic: str
     sinks: list[dict[str, Any]]
     extra: str = ""
+    control_server: Any = None
     client: ControlClient = field(init=False)
     publisher: BusPublisher | None = None
     _thread: threading.Thread | None = None
@@ -126,7 +127,7 @@ def delivery_rig(kafka_broker: Any) -> Iterator[Callable[..., DeliveryRig]]:
         topic = f"{name}-bus"
         kafka_broker.create_topic(topic, 1)
         rig = DeliveryRig(name, f"127.0.0.1:{control.port}", kafka_broker.bootstrap, topic, sinks,
-                          extra)
+                          extra, control)
         rigs.append(rig)
         return rig
 

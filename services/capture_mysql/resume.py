@@ -43,11 +43,14 @@ def published_tail(brokers: str, topic: str, partitions: int, source_id: str,
     config.update({"enable.partition.eof": True, "isolation.level": "read_uncommitted"})
     consumer = Consumer(config)
     try:
-        if epoch is not None and not _marker_present(consumer, topic, partitions, epoch,
-                                                     timeout_s):
-            log.warning("the latest epoch's marker is not on the bus; resuming from the sinks' "
-                        "checkpoint", epoch=epoch.epoch_id)
-            return None
+        if epoch is not None:
+            present = _marker_present(consumer, topic, partitions, epoch, timeout_s)
+            if present is False:
+                log.warning("the latest epoch's marker is not on the bus; resuming from the "
+                            "sinks' checkpoint", epoch=epoch.epoch_id)
+                return None
+            if present is None:  # could not tell in time: the epoch is what we know
+                return epoch.position
         best = epoch.position if epoch is not None else None
         if partitions != 1:
             return best
@@ -59,7 +62,8 @@ def published_tail(brokers: str, topic: str, partitions: int, source_id: str,
 
 
 def _marker_present(consumer: Consumer, topic: str, partitions: int, epoch: Epoch,
-                    timeout_s: float) -> bool:
+                    timeout_s: float) -> bool | None:
+    """True / False, or None when the bus did not answer in time."""
     for partition in range(partitions):
         end = epoch.end_offsets.get(partition)
         if not end:
@@ -68,12 +72,14 @@ def _marker_present(consumer: Consumer, topic: str, partitions: int, epoch: Epoc
         deadline = time.monotonic() + timeout_s
         while True:
             if time.monotonic() > deadline:
-                return False
+                return None
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
             if msg.error() is not None:
-                return False
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return False  # nothing at that offset: the bus lost it
+                continue
             record = decode_record(msg.value())
             if record.WhichOneof("record") != "epoch":
                 return False

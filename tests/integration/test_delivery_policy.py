@@ -99,3 +99,18 @@ def test_a_zombie_commit_is_fatal_and_reported(delivery_rig, redis_server):
     health = rig.client.get_health(rig.name)
     assert health is not None and health.state == pb.HEALTH_FAILED
     assert "second delivery process" in health.reason
+    # and the control service's /health says so (503 with the reason)
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tailrace.httpside import start_http_side
+
+    side = start_http_side(0, rig.control_server.check, rig.control_server.ready)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"{side.url}/health", timeout=10)
+        assert answer.value.code == 503
+        assert "second delivery process" in json.loads(answer.value.read())["reason"]
+    finally:
+        side.stop()

@@ -83,3 +83,39 @@ def test_backoff_has_jitter_and_cap():
         call_with_retry(lambda: (_ for _ in ()).throw(RetryableError("x")), base_s=0.1, max_s=10,
                         attempts=3, retryable=lambda e: True, sleep=slept.append)
     assert len(slept) == 2
+
+
+class PickySink(FlakySink):
+    """Refuses the events whose table is in `refuse` with a per-event error, like a sink
+    rejecting a too-large message; nothing of such a batch is written."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        super().__init__("p")
+        self.refuse = refuse
+
+    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
+        from tailrace_services.delivery.sinks.base import PerEventError
+
+        bad = [(i, f"{e.table} too large") for i, e in enumerate(events) if e.table in self.refuse]
+        if bad:
+            raise PerEventError(f"{len(bad)} event(s) refused", bad)
+        self.events.extend(events)
+
+
+@pytest.mark.parametrize("refuse, written", [
+    ({"1.1", "3.0"}, ["1.0", "2.0", "2.1", "3.1"]),        # some fail: the rest goes on
+    ({f"{t}.{i}" for t in (1, 2, 3) for i in (0, 1)}, []),  # all fail: all dead-lettered
+])
+def test_per_event_failures_go_to_dead_letters_with_the_journal(refuse, written):
+    sink = PickySink(refuse)
+    (outcome,) = fan_out([sink], batches(), {"p": None}, commit_for, dead_letter=True)
+    assert outcome.acked and [e.table for e in sink.events] == written
+    assert sorted(e.table for e, _ in outcome.dead_letters) == sorted(refuse)
+    assert all("too large" in reason for _, reason in outcome.dead_letters)
+
+
+def test_per_event_failure_without_journal_blocks_the_sink():
+    sink = PickySink({"2.0"})
+    (outcome,) = fan_out([sink], batches(), {"p": None}, commit_for, dead_letter=False)
+    assert not outcome.acked and outcome.error_class == "non_retryable"
+    assert [e.table for e in sink.events] == ["1.0", "1.1"], "stops at the failing batch"

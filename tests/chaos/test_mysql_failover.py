@@ -1,0 +1,230 @@
+"""capture-mysql under kill -9, a MariaDB restart, and failover to other servers."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tailrace.devservers import KafkaBroker, MariaDBServer
+from tailrace.errors import PositionLostError
+from tailrace.events import Op, python_of
+from tailrace_services.capture_mysql.testing import (
+    BusReader,
+    CaptureProcess,
+    CaptureThread,
+    ControlHandle,
+    Record,
+    start_control,
+    write_spec,
+)
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture(scope="module")
+def control() -> Iterator[ControlHandle]:
+    handle = start_control()
+    yield handle
+    handle.stop()
+
+
+def tx_ends(records: list[Record]) -> Counter[str]:
+    return Counter(r.record.event.tx_id for r in records
+                   if r.record.WhichOneof("record") == "event" and r.record.event.tx_end)
+
+
+def inserted_ids(records: list[Record]) -> set[int]:
+    return {python_of(r.record.event.after.columns[0].value) for r in records
+            if r.record.WhichOneof("record") == "event" and r.record.event.op == Op.OP_INSERT}
+
+
+def write_txs(server: MariaDBServer, first: int, count: int, rows: int = 1,
+              pause: float = 0.0) -> None:
+    conn = server.connect("shop")
+    with conn.cursor() as cur:
+        for t in range(first, first + count):
+            cur.execute("BEGIN")
+            cur.executemany("INSERT INTO t VALUES (%s, %s)",
+                            [(t * rows + i, t) for i in range(rows)])
+            cur.execute("COMMIT")
+            if pause:
+                time.sleep(pause)
+    conn.close()
+
+
+def new_source(server: MariaDBServer) -> None:
+    server.execute("CREATE DATABASE shop")
+    server.execute("CREATE TABLE shop.t (id int PRIMARY KEY, tx int NOT NULL)")
+
+
+def test_kill_9_five_times_and_a_mariadb_restart_lose_nothing_and_repeat_no_gtid(
+        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+    server = make_mariadb_server()
+    new_source(server)
+    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=kafka_broker.bootstrap,
+                      control=control.address, tables=["shop.t"], name="kill9")
+    capture = CaptureProcess(spec, tmp_path / "capture.log").start()
+    capture.wait_log('"event": "streaming"')
+    import threading
+
+    kills = 0
+
+    def killer(rounds: int) -> None:
+        """Each round: wait until the capture streams and has published, then kill -9."""
+        nonlocal kills
+        for _ in range(rounds):
+            seen = capture.log().count('"event": "streaming"')
+            deadline = time.monotonic() + 60
+            while capture.log().count('"event": "streaming"') <= seen - (kills == 0):
+                assert time.monotonic() < deadline, capture.log()[-2000:]
+                time.sleep(0.05)
+            time.sleep(0.7)
+            capture.kill()
+            kills += 1
+            capture.start()
+
+    # 100 transactions of 200 rows, written while capture is killed now and then ...
+    k = threading.Thread(target=killer, args=(3,))
+    k.start()
+    write_txs(server, 0, 50, rows=200, pause=0.25)
+    k.join()
+    # ... the server restarts under the running capture ...
+    server.restart()
+    k = threading.Thread(target=killer, args=(2,))
+    k.start()
+    write_txs(server, 50, 50, rows=200, pause=0.25)
+    k.join()
+    assert kills == 5
+    topic = "tailrace.kill9"
+    reader = BusReader(kafka_broker.bootstrap, topic)
+    reader.read_until(lambda rs: len(inserted_ids(rs)) >= 20_000, timeout=180)
+    time.sleep(2)
+    reader.poll(2)
+    capture.stop()
+    assert inserted_ids(reader.records) == set(range(20_000)), "nothing missing downstream"
+    ends = tx_ends(reader.records)
+    twice = {g: n for g, n in ends.items() if n > 1}
+    assert not twice, f"GTIDs published whole more than once: {twice}"
+    sizes: dict[str, set[int]] = defaultdict(set)
+    for r in reader.records:
+        if r.record.WhichOneof("record") == "event":
+            sizes[r.record.event.tx_id].add(r.record.event.tx_index)
+    assert all(len(ix) == 200 for g, ix in sizes.items() if g in ends and len(ix) > 1)
+    reconnects = capture.log().count("binlog connection lost; reconnecting")
+    print(f"\nkill -9 x{kills} + restart: {len(ends)} transactions once each, "
+          f"{reconnects} binlog reconnects after the restart")
+    reader.close()
+
+
+def _replica_of(primary: MariaDBServer, replica: MariaDBServer) -> None:
+    replica.execute(f"CHANGE MASTER TO master_host='127.0.0.1', master_port={primary.port}, "
+                    "master_user='root', master_password='', master_use_gtid=slave_pos")
+    replica.execute("START SLAVE")
+
+
+def _wait_caught_up(primary: MariaDBServer, replica: MariaDBServer, timeout: float = 30) -> None:
+    target = primary.execute("SELECT @@gtid_binlog_pos")[0][0]
+    deadline = time.monotonic() + timeout
+    while replica.execute("SELECT @@gtid_slave_pos")[0][0] != target:
+        assert time.monotonic() < deadline, "replica did not catch up"
+        time.sleep(0.1)
+
+
+def _capture_and_read(tmp_path: Path, server: MariaDBServer, broker: KafkaBroker,
+                      control: ControlHandle, name: str, until_txs: int,
+                      reader: BusReader | None = None) -> BusReader:
+    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=broker.bootstrap,
+                      control=control.address, tables=["shop.t"], name=name)
+    with CaptureThread(spec) as cap:
+        reader = reader or BusReader(broker.bootstrap, cap.spec.bus_topic)
+
+        def check() -> None:
+            if cap.error is not None:
+                raise AssertionError(f"capture failed: {cap.error}")
+
+        reader.read_until(lambda rs: len(tx_ends(rs)) >= until_txs, timeout=60, alive=check)
+        time.sleep(0.5)
+    return reader
+
+
+def _lost_on(tmp_path: Path, server: MariaDBServer, broker: KafkaBroker, control: ControlHandle,
+             name: str) -> PositionLostError:
+    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=broker.bootstrap,
+                      control=control.address, tables=["shop.t"], name=name)
+    cap = CaptureThread(spec).start()
+    cap.join(60)
+    cap.stop()
+    assert isinstance(cap.error, PositionLostError), f"expected a lost position: {cap.error!r}"
+    return cap.error
+
+
+def test_failover_to_a_promoted_replica_continues_by_gtid(
+        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+    primary = make_mariadb_server(server_id=1)
+    replica = make_mariadb_server(server_id=2)
+    new_source(primary)
+    _replica_of(primary, replica)
+    write_txs(primary, 0, 30)
+    reader = _capture_and_read(tmp_path, primary, kafka_broker, control, "promote", 31)
+    write_txs(primary, 30, 20)  # capture is down: these must come from the replica
+    _wait_caught_up(primary, replica)
+    primary.stop()
+    replica.execute("STOP SLAVE")
+    replica.execute("RESET SLAVE ALL")
+    write_txs(replica, 50, 10)  # the promoted server's own writes: 0-2-...
+    _capture_and_read(tmp_path, replica, kafka_broker, control, "promote", 61, reader)
+    assert inserted_ids(reader.records) == set(range(60))
+    assert max(tx_ends(reader.records).values()) == 1, "nothing published twice"
+    records = control.client.list_reconcile_records("src-promote")
+    assert [r.decision for r in records] == ["adapt"]
+    assert "server_id 1 -> 2" in records[0].drift[0]
+    reader.close()
+
+
+def test_failover_to_a_lagging_replica_is_a_lost_position(
+        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+    primary = make_mariadb_server(server_id=1)
+    replica = make_mariadb_server(server_id=2)
+    new_source(primary)
+    _replica_of(primary, replica)
+    write_txs(primary, 0, 10)
+    _wait_caught_up(primary, replica)
+    replica.execute("STOP SLAVE")  # lags from here
+    write_txs(primary, 10, 20)
+    reader = _capture_and_read(tmp_path, primary, kafka_broker, control, "lagging", 31)
+    err = _lost_on(tmp_path, replica, kafka_broker, control, "lagging")
+    assert str(err) == f"position lost: {err.reason}. Re-snapshot required."
+    assert "the server is behind our checkpoint" in err.reason
+    assert "0-1-12" in err.reason and "0-1-32" in err.reason, err.reason
+    records = control.client.list_reconcile_records("src-lagging")
+    assert [r.decision for r in records] == ["resnapshot"]
+    health = control.client.get_health("src-lagging")
+    assert health is not None and health.reason == str(err)
+    reader.close()
+
+
+def test_an_independent_server_on_the_same_address_is_detected(
+        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+    first = make_mariadb_server(server_id=1)
+    new_source(first)
+    write_txs(first, 0, 20)
+    reader = _capture_and_read(tmp_path, first, kafka_broker, control, "independent", 21)
+    port = first.port
+    first.stop()
+    other = make_mariadb_server(port=port, server_id=7)
+    new_source(other)
+    write_txs(other, 0, 100)  # its GTID numbers pass ours: only the history tells
+    err = _lost_on(tmp_path, other, kafka_broker, control, "independent")
+    assert "never contained GTID 0-1-22" in err.reason, err.reason
+    records = control.client.list_reconcile_records("src-independent")
+    assert [r.decision for r in records] == ["resnapshot"]
+    assert any("server_id 1 -> 7" in d for d in records[0].drift)
+    reader.close()
