@@ -59,6 +59,20 @@ def spark_session(app: str, master: str) -> Any:
     return spark
 
 
+def _start_spark(app: str, master: str, attempts: int = 3) -> Any:
+    """The JVM occasionally fails to come up on a loaded machine ("Java gateway process
+    exited before sending its port number"); that is worth another try, not a failure."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return spark_session(app, master)
+        except Exception as e:
+            if attempt == attempts or "JAVA_GATEWAY_EXITED" not in str(e):
+                raise
+            log.warning("spark did not start; retrying", attempt=attempt, error=str(e))
+            time.sleep(2.0 * attempt)
+    raise AssertionError("unreachable")
+
+
 class DeliveryJob:
     def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
         self.pipeline = pipeline
@@ -116,7 +130,7 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
     control = ControlClient(pipeline.spec.control.address)
     job = DeliveryJob(pipeline, control)
     control.register_pipeline(pipeline)
-    spark = spark_session(f"tailrace-delivery-{pipeline.name}", master)
+    spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master)
     bus = pipeline.spec.bus
     trigger_ms = max(pipeline.spec.batch.max_ms, 100)
     delay = 1.0
