@@ -41,6 +41,11 @@ class SinkOutcome:
     dead_letters: list[tuple[ChangeEvent, str]] = field(default_factory=list)
 
 
+def pending_for(events: Sequence[ChangeEvent], after: Position | None) -> list[ChangeEvent]:
+    """Events past the high-water mark `after`, in bus order, each position once."""
+    return _pending(events, position_key(after) if after is not None else (-1, -1))
+
+
 def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeEvent]:
     out = []
     for event in batch:

@@ -57,18 +57,6 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]]
     return events, result
 
 
-def pending_for(events: Sequence[ChangeEvent], after: Position | None) -> list[ChangeEvent]:
-    """Events past the high-water mark `after`, in bus order, each position once."""
-    hwm = position_key(after) if after is not None else (-1, -1)
-    out = []
-    for event in events:
-        key = position_key(event.position)
-        if key > hwm:
-            out.append(event)
-            hwm = key
-    return out
-
-
 def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: Sequence[Sink],
                   checkpoints: dict[str, Position | None], *, pipeline: str = "",
                   source_id: str = "", batch: BatchSpec | None = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tailrace.events import ChangeEvent, EpochMarker, Position, encode_epoch, encode_event
-from tailrace_services.delivery.runtime import deliver_slice, pending_for
+from tailrace_services.delivery.fanout import pending_for
+from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
 
