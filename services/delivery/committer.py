@@ -51,6 +51,7 @@ class BatchCommitter:
         self.source_id = pipeline.spec.source.id
         self.sinks = {s.id: s for s in pipeline.spec.sinks}
         self._own_versions: dict[str, int] = {}  # what this process last committed, per sink
+        self.last_committed: dict[str, pb.Checkpoint] = {}
 
     def read(self) -> dict[str, pb.Checkpoint | None]:
         """Step 0: the checkpoints as stored; one moved by someone else since our last commit
@@ -141,6 +142,7 @@ class BatchCommitter:
         report.reason = answer.reason
         for cp in answer.checkpoints if answer.committed else []:
             self._own_versions[cp.sink_id] = cp.version
+            self.last_committed[cp.sink_id] = cp
 
 
 def _duration_s(text: str) -> float:

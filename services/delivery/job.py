@@ -110,6 +110,7 @@ class DeliveryJob:
             metrics.SINK_SECONDS.labels(name, sink).observe(report.write_s.get(sink, 0.0))
         for sink, err in report.errors.items():
             metrics.SINK_ERRORS.labels(name, sink, err.split(":")[0]).inc()
+        self._record_lag()
         self.events_delivered += report.events
         log.info("batch delivered", batch=batch_id, events=report.events,
                  per_sink=report.delivered, lagging=report.lagging or None,
@@ -122,6 +123,18 @@ class DeliveryJob:
             self.restart_reason = f"sinks {', '.join(report.lagging)} behind: " + "; ".join(
                 report.errors.values())
             raise _Restart(self.restart_reason)
+
+
+    def _record_lag(self) -> None:
+        """Checkpoint lag per sink: bus offsets between the latest epoch and the checkpoint."""
+        latest = self.control.latest_epoch(self.pipeline.spec.source.id)
+        if latest is None:
+            return
+        for sink in self.pipeline.spec.sinks:
+            cp = self.committer.last_committed.get(sink.id)
+            done = dict(cp.bus_offsets) if cp is not None else {}
+            lag = sum(max(end - done.get(p, 0), 0) for p, end in latest.end_offsets.items())
+            metrics.CHECKPOINT_LAG.labels(self.pipeline.name, sink.id).set(lag)
 
 
 def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
