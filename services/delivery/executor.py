@@ -26,6 +26,8 @@ _RESULT_ARROW = pa.schema([
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers).
 _SINKS: dict[tuple[str, str], Sink] = {}
+# Processor chains (parsed expressions), built once per worker process and pipeline.
+_CHAINS: dict[str, ProcessorChain] = {}
 
 
 def _sinks(pipeline: PipelineSpec) -> list[Sink]:
@@ -47,6 +49,12 @@ def _close_transactional(pipeline: PipelineSpec) -> None:
             sink = _SINKS.pop((pipeline.name, spec.id), None)
             if sink is not None:
                 sink.close()
+
+
+def _chain(pipeline: PipelineSpec) -> ProcessorChain:
+    if pipeline.name not in _CHAINS:
+        _CHAINS[pipeline.name] = ProcessorChain(pipeline.spec.processors)
+    return _CHAINS[pipeline.name]
 
 
 def close_sinks(pipeline_name: str) -> None:
@@ -80,7 +88,7 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
     try:
         result = deliver_slice(partition, records, _sinks(pipeline), positions,
                                pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
-                               processors=ProcessorChain(spec.processors),
+                               processors=_chain(pipeline),
                                journal=spec.journal.enabled)
     except Exception:
         close_sinks(pipeline.name)  # reconnect on the retry
