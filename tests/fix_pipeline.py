@@ -49,12 +49,14 @@ class RunningPipeline:
     procs: dict[str, Child] = field(default_factory=dict)
 
     def start(self, name: str) -> None:
+        """`name`: control, capture or delivery; a digit after it starts another instance
+        of that service (`delivery2`) with its own log."""
         argv = {
             "control": service_argv("tailrace-control", "--listen", self.control_address,
                                     "--storage", f"sqlite:///{self.dir / 'control.db'}"),
             "capture": service_argv("tailrace-capture", str(self.spec_path)),
             "delivery": service_argv("tailrace-delivery", str(self.spec_path)),
-        }[name]
+        }[name.rstrip("0123456789")]
         self.procs[name] = self.sup.start(name, argv, self.dir / f"{name}.log")
         if name == "control":
             wait_for_port(self.control_address)
@@ -82,6 +84,16 @@ class RunningPipeline:
             code = child.process.poll()
             if code is not None:
                 raise AssertionError(f"{name} exited with {code}:\n{self.log_tail(name)}")
+
+    def exit_code(self, name: str, timeout: float) -> int:
+        """Wait for a service to exit on its own; it is no longer expected to run."""
+        child = self.procs.pop(name)
+        assert child.process is not None
+        return child.process.wait(timeout)
+
+    def log_count(self, name: str, text: str) -> int:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace").count(text) if path.exists() else 0
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.dir / f"{name}.log"

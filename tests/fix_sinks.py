@@ -149,6 +149,32 @@ def final_state(events: Sequence[ChangeEvent]) -> dict[tuple[str, int], dict[str
     return state
 
 
+def read_kafka(brokers: str, topics: Sequence[str], isolation: str = "read_committed",
+               timeout: float = 60) -> list[Any]:
+    """Every message of `topics` (partition 0) from the beginning to the end, as a consumer
+    with `isolation` sees them; fails if a topic was not read to its end in `timeout`."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition  # type: ignore[attr-defined]
+
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g{uuid.uuid4().hex[:6]}",
+                         "isolation.level": isolation, "enable.partition.eof": True,
+                         "enable.auto.commit": False, "fetch.max.bytes": 50_000_000})
+    consumer.assign([TopicPartition(t, 0, 0) for t in topics])
+    out: list[Any] = []
+    ended: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(ended) < len(topics) and time.monotonic() < deadline:
+        for msg in consumer.consume(5000, 0.5):
+            if msg.error():
+                ended.add(msg.topic())
+            else:
+                out.append(msg)
+    consumer.close()
+    assert len(ended) == len(topics), f"topics {sorted(set(topics) - ended)} not read to the end"
+    return out
+
+
 def sink_spec(**fields: Any) -> Any:
     return TypeAdapter(SinkSpec).validate_python(fields)
 

@@ -209,14 +209,21 @@ class ControlClient:
 
     # commit policy
     def report_batch(self, pipeline: str, source_id: str, policy: object,
-                     outcomes: Sequence[SinkOutcome | pb.SinkOutcome], batch_id: int = 0
-                     ) -> pb.ReportBatchResponse:
+                     outcomes: Sequence[SinkOutcome | pb.SinkOutcome], batch_id: int = 0,
+                     generation: int = 0) -> pb.ReportBatchResponse:
         """Answer: `satisfied`, `committed`, `checkpoints`, `reason`; `conflict` means another
-        delivery process owns the pipeline (stop)."""
+        delivery process moved a checkpoint, `fenced` that a newer delivery instance claimed
+        the pipeline (stop, in both cases). `generation`: from `claim_delivery`."""
         sinks = [o.to_proto() if isinstance(o, SinkOutcome) else o for o in outcomes]
         return self._call("report batch", self._commits.ReportBatch, pb.ReportBatchRequest(
             pipeline=pipeline, source_id=source_id, policy=to_commit_policy(policy), sinks=sinks,
-            batch_id=batch_id))
+            batch_id=batch_id, generation=generation))
+
+    def claim_delivery(self, pipeline: str, instance: str) -> pb.ClaimDeliveryResponse:
+        """Become the pipeline's delivery owner (the newest claim wins and fences the older
+        instance); answer: `owner` (with our generation) and the `previous` owner."""
+        return self._call("claim delivery", self._commits.ClaimDelivery,
+                          pb.ClaimDeliveryRequest(pipeline=pipeline, instance=instance))
 
     # schema registry
     def register_schema(self, tenant: str, database: str, table: str, fingerprint: str,

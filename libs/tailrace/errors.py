@@ -33,6 +33,11 @@ class FatalError(TailraceError):
     """The pipeline cannot go on; it stops and health reports the reason."""
 
 
+class FencedError(FatalError):
+    """A newer delivery instance claimed the pipeline; this one must stop writing. Not a
+    failure of the pipeline: the new owner carries on."""
+
+
 class PositionLostError(FatalError):
     """The source no longer has the history after our checkpoint."""
 

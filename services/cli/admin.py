@@ -110,10 +110,12 @@ def _pipelines(client: ControlClient, args: argparse.Namespace) -> int:
     if args.json:
         print_json(pipelines)
         return 0
-    print_table(["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS", "REASON"], [
+    print_table(["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS", "DELIVERY", "REASON"], [
         [p.name, p.tenant, f"{p.source_id} ({p.source_type})", PIPELINE_STATES[p.state],
          _policy(p.commit_policy),
-         ", ".join(f"{s.id}{'' if s.required else '?'}" for s in p.sinks), short(p.reason)]
+         ", ".join(f"{s.id}{'' if s.required else '?'}" for s in p.sinks),
+         f"{p.delivery_owner.instance} (gen {p.delivery_owner.generation})"
+         if p.delivery_owner.generation else "-", short(p.reason)]
         for p in pipelines], "no pipelines registered")
     return 0
 

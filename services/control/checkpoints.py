@@ -53,11 +53,14 @@ class CheckpointStore:
             return False, e.current
         return True, stored
 
-    def commit_many(self, items: list[tuple[pb.Checkpoint, int]]) -> list[pb.Checkpoint]:
+    def commit_many(self, items: list[tuple[pb.Checkpoint, int]],
+                    guard: tuple[str, bytes, int] | None = None) -> list[pb.Checkpoint]:
         """Advance several checkpoints in one multi-key compare-and-set: all or none.
 
         Raises `CheckpointConflict` naming the first checkpoint that is not at the expected
-        version or that would move backwards.
+        version or that would move backwards. `guard` (key, value, expected version) is
+        rewritten in the same compare-and-set; if it moved, `CasConflict` for its key is
+        raised and nothing is stored (the delivery owner record fences zombies this way).
         """
         now = int(time.time() * 1000)
         writes, stored = [], []
@@ -74,15 +77,17 @@ class CheckpointStore:
                            expected))
             stored.append(new)
         try:
-            versions = self._storage.kv_cas(writes)
+            versions = self._storage.kv_cas(writes + ([guard] if guard else []))
         except CasConflict as e:
+            if guard is not None and e.key == guard[0]:
+                raise
             source_id, _, sink_id = e.key.partition("::sink::")
             current = self.get(source_id, sink_id)
             raise CheckpointConflict(
                 sink_id, current,
                 f"checkpoint of sink {sink_id} is at version {e.actual}, not {e.expected} as "
                 "read: another delivery process moved it") from None
-        for cp, version in zip(stored, versions, strict=True):
+        for cp, version in zip(stored, versions[:len(stored)], strict=True):
             cp.version = version
         return stored
 

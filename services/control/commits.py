@@ -9,6 +9,9 @@ together, and only when the policy holds.
    checkpoint and catches up by replay later.
 4. A compare-and-set conflict (or a checkpoint that would move backwards) is answered
    with `conflict`: another delivery process owns the pipeline.
+5. A report from a delivery generation that is no longer the pipeline's owner (see
+   owners.py) is answered with `fenced`, and the owner check is part of the same
+   compare-and-set as step 3, so a claim racing the commit fences it too.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from tailrace.logs import get_logger, redact
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace_services.control.checkpoints import CheckpointConflict, CheckpointStore
+from tailrace_services.control.owners import DeliveryOwners, describe, owner_key
 from tailrace_services.control.status import InvalidArgument, require
+from tailrace_services.control.storage import CasConflict
 
 log = get_logger(__name__)
 
@@ -58,8 +63,31 @@ def evaluate(policy: pb.CommitPolicy, sinks: Sequence[pb.SinkOutcome]) -> tuple[
 
 
 class CommitService:
-    def __init__(self, checkpoints: CheckpointStore) -> None:
+    def __init__(self, checkpoints: CheckpointStore, owners: DeliveryOwners) -> None:
         self._checkpoints = checkpoints
+        self._owners = owners
+
+    def claim(self, request: pb.ClaimDeliveryRequest) -> pb.ClaimDeliveryResponse:
+        require(request, "pipeline", "instance")
+        owner, previous = self._owners.claim(request.pipeline, request.instance)
+        if previous.generation:
+            log.warning("delivery instance took over the pipeline; the previous one is fenced",
+                        pipeline=request.pipeline, owner=describe(owner),
+                        fenced=describe(previous))
+        else:
+            log.info("delivery instance claimed the pipeline", pipeline=request.pipeline,
+                     owner=describe(owner))
+        return pb.ClaimDeliveryResponse(owner=owner, previous=previous)
+
+    def _fenced(self, request: pb.ReportBatchRequest) -> pb.ReportBatchResponse:
+        owner, _ = self._owners.get(request.pipeline)
+        BATCHES.labels(request.pipeline, "fenced").inc()
+        reason = (f"delivery generation {request.generation} of pipeline {request.pipeline} "
+                  f"is fenced: {describe(owner)} owns it now")
+        log.warning("batch report from a fenced delivery instance refused",
+                    pipeline=request.pipeline, batch=request.batch_id, reason=reason)
+        return pb.ReportBatchResponse(satisfied=True, committed=False, fenced=True,
+                                      owner=owner, reason=reason)
 
     def report(self, request: pb.ReportBatchRequest) -> pb.ReportBatchResponse:
         require(request, "pipeline", "source_id")
@@ -69,8 +97,14 @@ class CommitService:
         ids = [s.sink_id for s in request.sinks]
         if "" in ids or len(set(ids)) != len(ids):
             raise InvalidArgument(f"ReportBatchRequest: sink ids must be set and unique; got {ids}")
-        satisfied, reason = evaluate(request.policy, request.sinks)
         pipeline = request.pipeline
+        guard = None
+        if request.generation:
+            owner, version = self._owners.get(pipeline)
+            if owner.generation != request.generation:
+                return self._fenced(request)
+            guard = (owner_key(pipeline), owner.SerializeToString(), version)
+        satisfied, reason = evaluate(request.policy, request.sinks)
         if not satisfied:
             BATCHES.labels(pipeline, "unsatisfied").inc()
             log.warning("commit policy not satisfied; no checkpoint advances", pipeline=pipeline,
@@ -84,7 +118,9 @@ class CommitService:
             return pb.ReportBatchResponse(satisfied=True, committed=False,
                                           reason="no sink acknowledged; nothing to advance")
         try:
-            stored = self._checkpoints.commit_many(items)
+            stored = self._checkpoints.commit_many(items, guard)
+        except CasConflict:  # the owner record moved: claimed since we checked
+            return self._fenced(request)
         except CheckpointConflict as e:
             BATCHES.labels(pipeline, "conflict").inc()
             log.error("checkpoint conflict: another delivery process owns the pipeline?",
@@ -122,3 +158,7 @@ class CommitsServicer(rpc.CommitsServicer):
     def ReportBatch(self, request: pb.ReportBatchRequest, context: grpc.ServicerContext
                     ) -> pb.ReportBatchResponse:
         return self._service.report(request)
+
+    def ClaimDelivery(self, request: pb.ClaimDeliveryRequest, context: grpc.ServicerContext
+                      ) -> pb.ClaimDeliveryResponse:
+        return self._service.claim(request)

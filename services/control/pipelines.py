@@ -13,6 +13,7 @@ import time
 from tailrace.logs import get_logger, redact
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.health import HealthStore, describe
+from tailrace_services.control.owners import DeliveryOwners
 from tailrace_services.control.status import InvalidArgument, NotFound, require
 from tailrace_services.control.storage import Storage
 
@@ -34,6 +35,7 @@ class PipelineRegistry:
     def __init__(self, storage: Storage, health: HealthStore) -> None:
         self._storage = storage
         self._health = health
+        self._owners = DeliveryOwners(storage)
 
     def register(self, info: pb.PipelineInfo) -> pb.PipelineInfo:
         require(info, "name", "source_id")
@@ -85,7 +87,11 @@ class PipelineRegistry:
 
     def with_state(self, info: pb.PipelineInfo) -> pb.PipelineInfo:
         """Paused (by an operator) wins; then a failure or lost position reported by the
-        pipeline or its source; otherwise running."""
+        pipeline or its source; otherwise running. Also says which delivery instance owns
+        the pipeline."""
+        owner, _ = self._owners.get(info.name)
+        if owner.generation:
+            info.delivery_owner.CopyFrom(owner)
         paused = self._pause(info.name)
         if paused is not None:
             info.state = pb.PIPELINE_PAUSED

@@ -23,6 +23,7 @@ from tailrace_services.control.dlq import DeadLettersServicer, DeadLetterStore
 from tailrace_services.control.epochs import EpochsServicer, EpochStore
 from tailrace_services.control.health import HealthStore
 from tailrace_services.control.identities import IdentitiesServicer, IdentityStore
+from tailrace_services.control.owners import DeliveryOwners
 from tailrace_services.control.pipelines import PipelineRegistry
 from tailrace_services.control.schemas import SchemaRegistry, SchemasServicer
 from tailrace_services.control.status import RefusalInterceptor
@@ -76,7 +77,8 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
     health_store = HealthStore(storage)
     rpc.add_CheckpointsServicer_to_server(CheckpointsServicer(checkpoints), server)
     rpc.add_EpochsServicer_to_server(EpochsServicer(epochs), server)
-    rpc.add_CommitsServicer_to_server(CommitsServicer(CommitService(checkpoints)), server)
+    rpc.add_CommitsServicer_to_server(CommitsServicer(
+        CommitService(checkpoints, DeliveryOwners(storage))), server)
     rpc.add_SchemasServicer_to_server(SchemasServicer(SchemaRegistry(storage)), server)
     rpc.add_IdentitiesServicer_to_server(
         IdentitiesServicer(IdentityStore(storage), health_store), server)

@@ -7,7 +7,9 @@ Order of the commit steps, after every task of the batch returned:
    version read before the batch;
 3. the control service advances the acknowledged sinks' checkpoints atomically,
    and only when the policy holds.
-A lost compare-and-set means another delivery process owns the pipeline: fatal.
+A lost compare-and-set means another delivery process owns the pipeline: fatal. Every
+report carries this instance's owner generation (claimed at start): once a newer instance
+claimed the pipeline, the control service refuses the commit (`FencedError`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError, RetryableError
+from tailrace.errors import FatalError, FencedError, RetryableError
 from tailrace.events import position_key
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
@@ -51,6 +53,7 @@ class BatchCommitter:
         self.source_id = pipeline.spec.source.id
         self.sinks = {s.id: s for s in pipeline.spec.sinks}
         self._own_versions: dict[str, int] = {}  # what this process last committed, per sink
+        self.generation = 0  # this instance's owner generation (0: not claimed, unchecked)
         self.last_committed: dict[str, pb.Checkpoint] = {}
 
     def read(self) -> dict[str, pb.Checkpoint | None]:
@@ -133,7 +136,10 @@ class BatchCommitter:
                 expected_version=old.version if old is not None else 0,
                 error=report.errors.get(sink_id, "")))
         answer = self.control.report_batch(self.pipeline.name, self.source_id,
-                                           self.pipeline.spec.commit_policy, outcomes)
+                                           self.pipeline.spec.commit_policy, outcomes,
+                                           generation=self.generation)
+        if getattr(answer, "fenced", False):
+            raise FencedError(answer.reason)
         if getattr(answer, "conflict", False):
             raise FatalError(
                 f"a sink checkpoint of pipeline {self.pipeline.name} was moved by someone else; "

@@ -1,6 +1,9 @@
 """The Spark job: plan batches from epochs, deliver on executors, then commit checkpoints.
 
-Per micro-batch (`foreachBatch`), in this order:
+At start the job claims the pipeline in the control service (the newest delivery
+instance owns it; an older one is fenced and stops). Per micro-batch (`foreachBatch`),
+in this order:
+0. check this instance still owns the pipeline and it is not paused;
 1. read every sink's checkpoint (position + version) from the control service;
 2. ONE `mapInArrow(...).collect()`: each task runs the processors and writes its
    partition's slice to every sink (skipping what a sink already has) and returns
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -26,8 +30,9 @@ from typing import Any
 
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError, RetryableError
+from tailrace.errors import FatalError, FencedError, RetryableError
 from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
 from tailrace_services.delivery.committer import BatchCommitter
 from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
@@ -85,8 +90,14 @@ class DeliveryJob:
     def process_batch(self, df: Any, batch_id: int) -> None:
         name = self.pipeline.name
         started = time.monotonic()
-        state, _ = self.control.pipeline_state(name)
-        if state == "paused":
+        info = self.control.get_pipeline(name)
+        owner = info.delivery_owner
+        if self.committer.generation and owner.generation != self.committer.generation:
+            raise FencedError(
+                f"delivery instance {owner.instance} (generation {owner.generation}) took over "
+                f"pipeline {name}; this instance (generation {self.committer.generation}) stops "
+                "without writing further")
+        if info.state == pb.PIPELINE_PAUSED:
             self.restart_reason = "paused"
             raise _Restart("pipeline paused")
         before = self.committer.read()
@@ -143,6 +154,13 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
     control = ControlClient(pipeline.spec.control.address)
     job = DeliveryJob(pipeline, control)
     control.register_pipeline(pipeline)
+    claim = control.claim_delivery(pipeline.name, f"{socket.gethostname()}:{os.getpid()}")
+    job.committer.generation = claim.owner.generation
+    if claim.previous.generation:
+        log.warning("took over the pipeline; the previous delivery instance is fenced",
+                    generation=claim.owner.generation, fenced=claim.previous.instance)
+    else:
+        log.info("delivery owns the pipeline", generation=claim.owner.generation)
     spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master)
     bus = pipeline.spec.bus
     trigger_ms = max(pipeline.spec.batch.max_ms, 100)
@@ -187,6 +205,8 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
             delay = 1.0
         except Exception as e:  # a failed query is restarted from the control checkpoints
             text = str(e)
+            if "FencedError" in text or isinstance(e, FencedError):
+                raise FencedError(_first_line(text, "FencedError")) from None  # not a failure
             if "FatalError" in text or isinstance(e, FatalError):
                 reason = _first_line(text, "FatalError")
                 control.report_health(pipeline.name, "failed", reason)

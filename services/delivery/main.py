@@ -2,7 +2,9 @@
 
 On a fatal error the query stops, the reason goes to the control service, and the
 process keeps serving `/health` (503, with the reason) until it is stopped, so an
-operator or orchestrator can see why; the exit code is then 1.
+operator or orchestrator can see why; the exit code is then 1. A newer delivery
+instance for the same pipeline fences this one: it exits at once with code 1 and
+says who took over.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import threading
 
 from tailrace.config import load_pipeline
-from tailrace.errors import ConfigError, FatalError
+from tailrace.errors import ConfigError, FatalError, FencedError
 from tailrace.logs import get_logger, setup_logging
 
 
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state["ready"] = True
         run(spec, master=args.master, stop_when=stopped.is_set)
+    except FencedError as e:  # the new owner carries on; serving 503 would only mislead
+        log.error("delivery fenced; stopping", reason=str(e))
+        return 1
     except FatalError as e:
         state.update(ok=False, reason=str(e))
         log.error("delivery stopped", reason=str(e))

@@ -24,10 +24,9 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition  # type: ignore[attr-defined]
 
 from tailrace.events import ChangeEvent
-from tests.fix_sinks import final_state, save_events, source_events
+from tests.fix_sinks import final_state, read_kafka, save_events, source_events
 
 pytestmark = pytest.mark.chaos
 
@@ -155,24 +154,8 @@ def test_postgres_exactly_once_through_ten_kills(pg_db: str, events_20k: Any,
 # -- Kafka -----------------------------------------------------------------------------------
 
 def read_all(brokers: str, prefix: str, isolation: str) -> list[tuple[str, str]]:
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g{uuid.uuid4().hex[:6]}",
-                         "isolation.level": isolation, "enable.partition.eof": True,
-                         "enable.auto.commit": False, "fetch.max.bytes": 50_000_000})
-    topics = [f"{prefix}.orders", f"{prefix}.items"]
-    consumer.assign([TopicPartition(t, 0, 0) for t in topics])
-    out: list[tuple[str, str]] = []
-    ended: set[str] = set()
-    deadline = time.monotonic() + 60
-    while len(ended) < 2 and time.monotonic() < deadline:
-        for msg in consumer.consume(5000, 0.5):
-            if msg.error():
-                ended.add(msg.topic())
-            else:
-                out.append((msg.topic().rsplit(".", 1)[1],
-                            dict(msg.headers())["tailrace-event-id"].decode()))
-    consumer.close()
-    assert len(ended) == 2, "the topics were not read to their end"
-    return out
+    return [(m.topic().rsplit(".", 1)[1], dict(m.headers())["tailrace-event-id"].decode())
+            for m in read_kafka(brokers, [f"{prefix}.orders", f"{prefix}.items"], isolation)]
 
 
 def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,

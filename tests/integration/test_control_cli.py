@@ -77,8 +77,10 @@ def test_pipelines(tailrace):
     code, out, _ = tailrace("pipelines")
     assert code == 0
     header, row = out.splitlines()
-    assert header.split() == ["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS", "REASON"]
+    assert header.split() == ["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS",
+                              "DELIVERY", "REASON"]
     assert row.split()[:6] == ["orders", "acme", "shop-pg", "(postgres)", "running", "required"]
+    assert row.split()[8] == "-", "no delivery instance claimed it"
     code, out, _ = tailrace("pipelines", "--json")
     assert json.loads(out)[0]["sinks"][0] == {"id": "cache", "type": "redis", "required": False}
 

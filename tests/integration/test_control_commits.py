@@ -231,3 +231,46 @@ def test_two_replicas_sharing_storage_race_correctly(request, tmp_path, kind):
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_newer_delivery_claim_fences_the_older_instance(client):
+    """Newest claim wins: the older generation's reports are refused, nothing moves."""
+    pipeline, source = f"own{next(_ids)}", f"own-src{next(_ids)}"
+    client.register_pipeline(pipeline, source_id=source, sinks=[("k1", "kafka", True)])
+    first = client.claim_delivery(pipeline, "host-a:1")
+    assert (first.owner.generation, first.previous.generation) == (1, 0)
+
+    def send(generation: int, seq: int, version: int) -> pb.ReportBatchResponse:
+        return client.report_batch(pipeline, source, "required", [SinkOutcome(
+            sink_id="k1", required=True, acknowledged=True, checkpoint=cp(seq),
+            expected_version=version)], generation=generation)
+
+    assert send(1, 1, 0).committed
+    second = client.claim_delivery(pipeline, "host-b:2")
+    assert (second.owner.generation, second.previous.instance) == (2, "host-a:1")
+    refused = send(1, 2, 1)
+    assert refused.fenced and not refused.committed
+    assert "host-b:2 (generation 2) owns it now" in refused.reason
+    assert client.get_checkpoint(source, "k1").position.tx_seq == 1, "nothing moved"
+    assert send(2, 2, 1).committed
+    owner = client.get_pipeline(pipeline).delivery_owner
+    assert (owner.instance, owner.generation) == ("host-b:2", 2)
+
+
+def test_a_claim_racing_a_commit_fences_it(backend):
+    """The owner record is part of the checkpoints' compare-and-set: a guard read before a
+    claim no longer matches, so the commit stores nothing."""
+    from tailrace_services.control.checkpoints import CheckpointStore
+    from tailrace_services.control.owners import DeliveryOwners, owner_key
+    from tailrace_services.control.storage import CasConflict
+
+    storage = MemoryStorage()
+    owners, store = DeliveryOwners(storage), CheckpointStore(storage)
+    owner, _ = owners.claim("p", "a:1")
+    _, version = owners.get("p")
+    owners.claim("p", "b:2")  # between the owner check and the compare-and-set
+    c = cp(5)
+    c.source_id, c.sink_id = "s", "k1"
+    with pytest.raises(CasConflict):
+        store.commit_many([(c, 0)], guard=(owner_key("p"), owner.SerializeToString(), version))
+    assert store.get("s", "k1") is None

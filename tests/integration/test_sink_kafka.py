@@ -9,13 +9,13 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition  # type: ignore[attr-defined]
+from confluent_kafka import Producer  # type: ignore[attr-defined]
 
 from tailrace.errors import FatalError
 from tailrace.events import ChangeEvent
 from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, PerEventError
 from tailrace_services.delivery.sinks.kafka import KafkaSink
-from tests.fix_sinks import batches_of, sink_spec, source_events
+from tests.fix_sinks import batches_of, read_kafka, sink_spec, source_events
 
 pytestmark = pytest.mark.integration
 
@@ -34,22 +34,7 @@ def commit(batch: list[ChangeEvent], pipeline: str) -> BatchCommit:
 def read_topics(brokers: str, prefix: str, isolation: str = "read_committed",
                 tables: tuple[str, ...] = ("items", "orders")) -> list[Any]:
     """Every message of the sink's topics, from the beginning to the end."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g{uuid.uuid4().hex[:6]}",
-                         "isolation.level": isolation, "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    topics = [f"{prefix}.{t}" for t in tables]
-    consumer.assign([TopicPartition(t, 0, 0) for t in topics])
-    out, ended, deadline = [], set(), time.monotonic() + 20
-    while len(ended) < len(topics) and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error():
-            ended.add(msg.topic())
-            continue
-        out.append(msg)
-    consumer.close()
-    return out
+    return read_kafka(brokers, [f"{prefix}.{t}" for t in tables], isolation, timeout=20)
 
 
 def ids(messages: list[Any]) -> list[str]:
