@@ -30,9 +30,9 @@ spec:
     tables: {tables}
   sinks:
     - {sink}
-  bus: {{brokers: "{brokers}"}}
+  bus: {{brokers: "{brokers}", partitions: {partitions}}}
   control: {{address: "127.0.0.1:{control_port}"}}
-  batch: {{max_ms: 200}}
+  batch: {batch}
 """
 
 
@@ -122,7 +122,8 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
     made: list[RunningPipeline] = []
 
     def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}",
-             sink: str | None = None, extra: str = "") -> RunningPipeline:
+             sink: str | None = None, extra: str = "", batch: str = "{max_ms: 200}",
+             partitions: int = 1) -> RunningPipeline:
         """`sink`: a YAML flow mapping replacing the default Redis sink."""
         name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         control_port = free_port()
@@ -131,7 +132,8 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
             name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
             sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
                               f'stream: "{stream}"}}',
-            brokers=kafka_broker.bootstrap, control_port=control_port) + extra)
+            brokers=kafka_broker.bootstrap, control_port=control_port, batch=batch,
+            partitions=partitions) + extra)
         p = RunningPipeline(dir=tmp_path, spec_path=spec_path,
                             control_address=f"127.0.0.1:{control_port}",
                             redis_url=redis_server.url, stream=stream)

@@ -41,6 +41,9 @@ from tailrace_services.delivery.source import BusDataSource
 log = get_logger(__name__)
 
 
+LAG_EVERY_S = 5.0
+
+
 class _Restart(Exception):
     """Stop this query and start a new one from the control-service checkpoints."""
 
@@ -85,7 +88,7 @@ class DeliveryJob:
         self.committer = BatchCommitter(pipeline, control)
         self.events_delivered = 0
         self.restart_reason = ""
-        self.fatal_reason = ""
+        self._lag_at = -LAG_EVERY_S
 
     def process_batch(self, df: Any, batch_id: int) -> None:
         name = self.pipeline.name
@@ -137,7 +140,12 @@ class DeliveryJob:
 
 
     def _record_lag(self) -> None:
-        """Checkpoint lag per sink: bus offsets between the latest epoch and the checkpoint."""
+        """Checkpoint lag per sink: bus offsets between the latest epoch and the checkpoint.
+        At most every LAG_EVERY_S: it costs a control call, and a gauge needs no more."""
+        now = time.monotonic()
+        if now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
         latest = self.control.latest_epoch(self.pipeline.spec.source.id)
         if latest is None:
             return
