@@ -36,7 +36,8 @@ import pymysql
 
 from tailrace.control_client import ControlClient
 from tailrace.control_client import identity as identity_proto
-from tailrace.errors import FatalError, PositionLostError, RetryableError
+from tailrace.errors import RetryableError
+from tailrace.lifecycle import reconcile_identity
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace_services.capture_mysql.connection import ServerFacts, binlog_gtid_pos
@@ -143,24 +144,12 @@ class ServerCheck:
             return
         change = describe_change(previous, attributes)
         log.warning("server identity changed; reconciling", source=self.source_id, change=change)
-        lost: PositionLostError | None = None
-        try:
-            self.position(conn, connect_kwargs, facts, checkpoint)
-        except PositionLostError as e:
-            lost = e
-        drift = schema_drift(previous, attributes)
-        decision = ("resnapshot" if lost is not None else
-                    "halt" if drift and self.on_schema_drift == "halt" else "adapt")
-        notes = [change, *drift] + ([str(lost)] if lost is not None else [])
-        new = identity_proto(facts.flavor, attributes, fingerprint)
-        self.control.add_reconcile_record(self.source_id, previous, new, notes, decision)
-        if lost is not None:
-            raise lost
-        if decision == "halt":
-            raise FatalError(
-                "schema drift found on the changed server and spec.source.on_schema_drift is "
-                "halt: " + "; ".join(drift) + "; review it, then set on_schema_drift: adapt")
-        self.control.store_identity(self.source_id, facts.flavor, attributes, fingerprint)
+        drift = reconcile_identity(
+            self.control, self.source_id, previous,
+            identity_proto(facts.flavor, attributes, fingerprint), change=change,
+            on_schema_drift=self.on_schema_drift,
+            check_position=lambda: self.position(conn, connect_kwargs, facts, checkpoint),
+            find_drift=lambda: schema_drift(previous, attributes))
         log.warning("reconciled with the changed server; continuing from our checkpoint",
                     source=self.source_id, drift=drift or None)
 

@@ -28,18 +28,12 @@ from typing import Any
 import pymysql
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from tailrace.bus import ensure_topic
 from tailrace.config import PipelineSpec
 from tailrace.config._model import MysqlSourceSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import (
-    ConfigError,
-    FatalError,
-    NonRetryableError,
-    PositionLostError,
-    RetryableError,
-)
+from tailrace.errors import ConfigError, PositionLostError, RetryableError
 from tailrace.events import ChangeEvent, Op, Position
+from tailrace.lifecycle import Backoff, CaptureLifecycle, CaptureService, Reconnect
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
 from tailrace.publisher import BusPublisher
@@ -82,7 +76,7 @@ def default_replica_server_id(pipeline: str, source_id: str) -> int:
     return 1_000_000 + zlib.crc32(f"{pipeline}/{source_id}".encode()) % 2_000_000_000
 
 
-class MysqlCapture:
+class MysqlCapture(CaptureService):
     def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
         source = pipeline.spec.source
         if not isinstance(source, MysqlSourceSpec):
@@ -97,55 +91,24 @@ class MysqlCapture:
         self.sink_ids = [s.id for s in pipeline.spec.sinks]
         self.heartbeat_s = 0.5
         self.read_timeout_s = 10.0
-        self.health: tuple[bool, str] = (True, "starting")
-        self.ready = False
         self.published: CapturePosition | None = None  # last transaction handed to the bus
-        self._stop = False
-
-    def stop(self) -> None:
-        self._stop = True
+        # A fixed doubling, never reset; /ready stays up once streaming has started.
+        self.lifecycle = CaptureLifecycle(pipeline, control, self._on_error,
+                                          Backoff(0.5, 10.0, jitter=False, reset_on_stream=False),
+                                          keep_ready=True)
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Run until stopped; transient failures reconnect with backoff, fatal ones raise."""
-        bus = self.pipeline.spec.bus
-        delay = 0.5
-        while not self._stop:
-            try:
-                ensure_topic(bus.brokers, self.pipeline.bus_topic, bus.partitions)
-                self._run_once()
-                return
-            except PositionLostError as e:
-                self._fail("position_lost", str(e))
-                raise
-            except FatalError as e:
-                self._fail("failed", str(e))
-                raise
-            except NonRetryableError as e:
-                self._fail("failed", str(e))
-                raise FatalError(str(e)) from None
-            except StreamLostError as e:
-                # The bus is fine: continue after what this process published.
-                metrics.RECONNECTS.labels(self.source.id).inc()
-                self.health = (True, f"reconnecting: {e}")
-                log.warning("binlog connection lost; reconnecting", error=str(e),
-                            retry_in_s=delay)
-            except (RetryableError, pymysql.err.MySQLError, OSError) as e:
-                # The bus may have lost what it did not acknowledge: recompute from it.
-                self.published = None
-                self.health = (True, f"reconnecting: {e}")
-                log.warning("capture interrupted; reconnecting", error=str(e), retry_in_s=delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
-
-    def _fail(self, state: str, reason: str) -> None:
-        self.health = (False, reason)
-        log.error("capture stopped", state=state, reason=reason)
-        try:
-            self.control.report_health(self.source.id, state, reason)
-        except (RetryableError, NonRetryableError) as e:
-            log.warning("cannot report health to the control service", error=str(e))
+    def _on_error(self, error: Exception) -> Reconnect | None:
+        if isinstance(error, StreamLostError):
+            # The bus is fine: continue after what this process published.
+            metrics.RECONNECTS.labels(self.source.id).inc()
+            return Reconnect("binlog connection lost; reconnecting")
+        if isinstance(error, RetryableError | pymysql.err.MySQLError | OSError):
+            # The bus may have lost what it did not acknowledge: recompute from it.
+            self.published = None
+            return Reconnect("capture interrupted; reconnecting")
+        return None
 
     def _selected_tables(self, conn: pymysql.connections.Connection) -> list[tuple[str, str]]:
         with conn.cursor() as cur:
@@ -202,7 +165,8 @@ class MysqlCapture:
             return CapturePosition("mariadb", gtid_set=str(state))
         return CapturePosition("mysql", gtid_set=str(facts.gtid_purged))
 
-    def _run_once(self) -> None:
+    def _session(self) -> None:
+        """One connection: checks, then stream until stopped."""
         facts, start, tables = self._prepare()
         bus = self.pipeline.spec.bus
         publisher = BusPublisher(bus.brokers, self.pipeline.bus_topic, bus.partitions,
@@ -212,9 +176,7 @@ class MysqlCapture:
             start=start.state(), schemas=self.filter.databases(),
             first_file=facts.oldest_binlog if facts.flavor == "mysql" and not start.gtid_set
             else None, heartbeat_s=self.heartbeat_s, read_timeout_s=self.read_timeout_s)
-        self.health = (True, "streaming")
-        self.ready = True
-        self.control.report_health(self.source.id, "running", "")
+        self.lifecycle.streaming()
         log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                  resume_after=start.describe(), replica_server_id=self.replica_server_id)
         try:
@@ -263,7 +225,7 @@ class MysqlCapture:
                     self._refresh_identity(check, facts)
                 buffer.clear()
                 begin = None
-            if self._stop:
+            if self.lifecycle.stopping:
                 return
 
     @staticmethod

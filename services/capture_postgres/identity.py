@@ -30,7 +30,8 @@ import psycopg
 
 from tailrace.control_client import ControlClient
 from tailrace.control_client import identity as identity_proto
-from tailrace.errors import FatalError, PositionLostError, RetryableError
+from tailrace.errors import PositionLostError, RetryableError
+from tailrace.lifecycle import reconcile_identity
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace_services.capture_postgres.position import (
@@ -86,9 +87,16 @@ class ServerCheck:
         if verdict != "changed":
             self._position(repl, conn, system, resume)
             return
-        log.warning("server identity changed", source=self.source_id,
-                    change=describe_change(previous, system))
-        self._reconcile(repl, conn, system, previous, resume, tables)
+        change = describe_change(previous, system)
+        log.warning("server identity changed", source=self.source_id, change=change)
+        drift = reconcile_identity(
+            self.control, self.source_id, previous,
+            identity_proto(FLAVOR, identity_attributes(system), identity_fingerprint(system)),
+            change=change, on_schema_drift=self.on_schema_drift,
+            check_position=lambda: self._reconcile_position(repl, conn, system, previous, resume),
+            find_drift=lambda: self._drift(conn, system.dbname, tables))
+        log.warning("reconciled with the changed server; continuing", source=self.source_id,
+                    drift=drift or None)
 
     def _position(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
                   system: SystemIdentity, resume: Resume) -> None:
@@ -101,38 +109,17 @@ class ServerCheck:
         check_slot(state, self.slot, resume, self.create_slot)
         check_timeline(history, system.timeline, resume)
 
-    def _reconcile(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-                   system: SystemIdentity, previous: ServerIdentity | None, resume: Resume,
-                   tables: list[tuple[str, str]]) -> None:
+    def _reconcile_position(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
+                            system: SystemIdentity, previous: ServerIdentity | None,
+                            resume: Resume) -> None:
+        """Raise PositionLostError when the changed server cannot continue our position."""
         old_system = dict(previous.attributes).get("system_identifier") if previous else None
-        lost: PositionLostError | None = None
         if old_system != system.system_id and (resume.lsn or resume.published):
-            lost = PositionLostError(
+            raise PositionLostError(
                 f"the server changed (system_identifier {old_system} -> {system.system_id}): "
                 "it is a different cluster, and the positions of the old one do not exist here")
-        else:
-            try:  # the slot of a server we streamed from is missing: changes since are gone
-                self._position(repl, conn, system, replace(resume, published=True))
-            except PositionLostError as e:
-                lost = e
-        drift = self._drift(conn, system.dbname, tables)
-        decision = ("resnapshot" if lost is not None else
-                    "halt" if drift and self.on_schema_drift == "halt" else "adapt")
-        notes = [describe_change(previous, system), *drift]
-        if lost is not None:
-            notes.append(str(lost))
-        new = identity_proto(FLAVOR, identity_attributes(system), identity_fingerprint(system))
-        self.control.add_reconcile_record(self.source_id, previous, new, notes, decision)
-        if lost is not None:
-            raise lost
-        if decision == "halt":
-            raise FatalError(
-                "schema drift found on the changed server and spec.source.on_schema_drift is "
-                "halt: " + "; ".join(drift) + "; review it, then set on_schema_drift: adapt")
-        self.control.store_identity(self.source_id, FLAVOR, identity_attributes(system),
-                                    identity_fingerprint(system))
-        log.warning("reconciled with the changed server; continuing", source=self.source_id,
-                    drift=drift or None)
+        # The slot of a server we streamed from is missing: changes since are gone.
+        self._position(repl, conn, system, replace(resume, published=True))
 
     def _drift(self, conn: psycopg.Connection[Any], database: str,
                tables: list[tuple[str, str]]) -> list[str]:

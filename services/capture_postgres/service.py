@@ -21,23 +21,15 @@ service and `health` turns unhealthy, then `run()` raises.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from typing import Any
 
 import psycopg
 
-from tailrace.bus import ensure_topic
 from tailrace.config import PipelineSpec, PostgresSourceSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import (
-    ConfigError,
-    FatalError,
-    NonRetryableError,
-    PositionLostError,
-    RetryableError,
-    SourceConfigurationError,
-)
+from tailrace.errors import ConfigError, FatalError, RetryableError, SourceConfigurationError
+from tailrace.lifecycle import Backoff, CaptureLifecycle, CaptureService, Fail, Reconnect, Stop
 from tailrace.logs import get_logger
 from tailrace.publisher import BusPublisher
 from tailrace_services.capture_postgres import metrics
@@ -62,7 +54,7 @@ BACKOFF_MAX_S = 10.0
 STOP_GRACE_S = 5.0  # how long a stop waits for a slow bus before abandoning what is in flight
 
 
-class PostgresCapture:
+class PostgresCapture(CaptureService):
     """Runs one pipeline's PostgreSQL source; `health` and `ready` feed the HTTP side port."""
 
     def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
@@ -76,72 +68,27 @@ class PostgresCapture:
         self.slot = source.slot or f"tailrace_{pipeline.name.replace('-', '_').replace('.', '_')}"
         self.publication = source.publication or self.slot
         self.sink_ids = [s.id for s in pipeline.spec.sinks]
-        self.health: tuple[bool, str] = (True, "starting")
-        self.ready = False
-        self._stop = False
-        self._stop_at = 0.0
         self._registered = False
-
-    def stop(self) -> None:
-        if not self._stop:
-            self._stop, self._stop_at = True, time.monotonic()
+        self.lifecycle = CaptureLifecycle(pipeline, control, self._on_error,
+                                          Backoff(BACKOFF_BASE_S, BACKOFF_MAX_S))
 
     def _abandon(self) -> bool:
-        return self._stop and time.monotonic() - self._stop_at > STOP_GRACE_S
+        lifecycle = self.lifecycle
+        return lifecycle.stopping and time.monotonic() - lifecycle.stopped_at > STOP_GRACE_S
 
-    def run(self) -> None:
-        """Run until stopped; transient failures reconnect with backoff, fatal ones raise."""
-        bus = self.pipeline.spec.bus
-        failures = 0
-        while not self._stop:
-            try:
-                ensure_topic(bus.brokers, self.pipeline.bus_topic, bus.partitions)
-                self._session()
-                return
-            except PositionLostError as e:
-                self._fail("position_lost", str(e))
-                raise
-            except FatalError as e:
-                self._fail("failed", str(e))
-                raise
-            except NonRetryableError as e:
-                self._fail("failed", str(e))
-                raise FatalError(str(e)) from e
-            except ConfigError as e:  # the spec or the source's settings: the operator's fix
-                self._fail("failed", str(e))
-                raise
-            except StreamStopped:
-                log.warning("stopped while waiting for the bus; unacknowledged events will be "
-                            "published again from the checkpoint")
-                return
-            except (RetryableError, psycopg.OperationalError) as e:
-                failures = 1 if self.ready else failures + 1  # streaming had started: reset
-                self.ready = False
-                delay = random.uniform(BACKOFF_BASE_S / 2,
-                                       min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 1)))
-                self.health = (True, f"reconnecting: {e}")
-                metrics.RECONNECTS.labels(self.source.id).inc()
-                log.warning("capture interrupted; reconnecting", error=str(e),
-                            retry_in_s=round(delay, 2))
-                self._sleep(delay)
-            except psycopg.Error as e:  # a statement the source refused: not transient
-                reason = f"source {self.source.id}: {type(e).__name__}: {e}"
-                self._fail("failed", reason)
-                raise FatalError(reason) from e
-
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self._stop and time.monotonic() < deadline:
-            time.sleep(min(0.1, deadline - time.monotonic()))
-
-    def _fail(self, state: str, reason: str) -> None:
-        self.health = (False, reason)
-        self.ready = False
-        log.error("capture stopped", state=state, reason=reason)
-        try:
-            self.control.report_health(self.source.id, state, reason)
-        except (RetryableError, NonRetryableError) as e:
-            log.warning("cannot report health to the control service", error=str(e))
+    def _on_error(self, error: Exception) -> Reconnect | Fail | Stop | None:
+        if isinstance(error, ConfigError):  # the spec or the source's settings: the operator's fix
+            return Fail(str(error), error)
+        if isinstance(error, StreamStopped):
+            return Stop("stopped while waiting for the bus; unacknowledged events will be "
+                        "published again from the checkpoint")
+        if isinstance(error, RetryableError | psycopg.OperationalError):
+            metrics.RECONNECTS.labels(self.source.id).inc()
+            return Reconnect("capture interrupted; reconnecting")
+        if isinstance(error, psycopg.Error):  # a statement the source refused: not transient
+            reason = f"source {self.source.id}: {type(error).__name__}: {error}"
+            return Fail(reason, FatalError(reason))
+        return None
 
     def _session(self) -> None:
         """One connection: checks, then stream until stopped."""
@@ -174,15 +121,13 @@ class PostgresCapture:
                                      self.source.id, self.control, self.source.epoch_ms,
                                      idle=stream.keep_alive)
             repl.start(self.slot, self.publication, 0)
-            self.health = (True, "streaming")
-            self.ready = True
-            self.control.report_health(self.source.id, "running", "")
+            self.lifecycle.streaming()
             log.info("streaming", slot=self.slot, system_id=system.system_id,
                      timeline=system.timeline, resume_after=lsn_to_str(resume.lsn))
             watcher = TableWatcher(self.dsn, self.source.tables, self.publication, tables,
                                    manage=self.source.create_slot)
             try:
-                stream.run(publisher, stopped=lambda: self._stop, tick=watcher.poll)
+                stream.run(publisher, stopped=lambda: self.lifecycle.stopping, tick=watcher.poll)
             except BaseException:
                 # The next session publishes again from the checkpoint; never hide the error.
                 with contextlib.suppress(Exception):
