@@ -95,12 +95,14 @@ def decode_rate(dsn: str, rows: int) -> tuple[float, int]:
     return rows / elapsed, last_end
 
 
-def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_end: int
-                 ) -> tuple[float, int, float, float]:
+def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_end: int,
+                 profile: str | None = None) -> tuple[float, int, float, float]:
     """Events per second of the capture service, its peak RSS in kB, the seconds it took and
     the CPU seconds the capture process used (start-up included)."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tailrace_services.capture", str(spec)],
+        wrap = ["-m", "cProfile", "-o", profile] if profile else []
+        proc = subprocess.Popen([sys.executable, *wrap, "-m", "tailrace_services.capture",
+                                 str(spec)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -132,6 +134,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--tx-size", type=int, default=100)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="run the capture under cProfile and write its stats to FILE "
+                             "(read with `python -m pstats FILE`); the rate then drops")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pgc-"))
     with PostgresServer() as pg, KafkaBroker() as kafka:
@@ -157,7 +162,7 @@ def main() -> None:
             spec.write_text(SPEC.format(name=NAME, dsn=pg.dsn(), brokers=kafka.bootstrap,
                                         control=f"127.0.0.1:{server.port}"))
             events, hwm, wall, cpu = publish_rate(spec, work / "capture.log", control,
-                                                  args.rows, last_end)
+                                                  args.rows, last_end, args.profile)
             print(f"capture service publish rate (decode, build, buffer, publish, epochs): "
                   f"{events:,.0f} events/s ({wall:.1f} s; the capture process used {cpu:.1f} "
                   f"s of CPU; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")

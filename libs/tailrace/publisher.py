@@ -6,13 +6,17 @@ the source), and a failed delivery raises so the capture service restarts
 from its checkpoint. After a transaction, at most every `epoch_ms`, a marker
 goes to every partition; once the broker has acknowledged them all, the
 marker offsets are recorded in the control service as the new epoch, which
-is what the delivery service plans its batches from.
+is what the delivery service plans its batches from. Publishing does not wait
+for those acks: epochs in flight are recorded, in order, as their acks arrive
+(a marker's ack also covers every record before it in its partition).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -28,6 +32,16 @@ from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
 QUEUE_MAX_KBYTES = 32 * 1024
 QUEUE_MAX_MESSAGES = 50_000
 EPOCH_ACK_TIMEOUT_S = 30.0
+# Epochs emitted but not yet acknowledged. Past this the publisher waits for the bus, so a
+# slow or cut-off bus stops the source reading within a few epochs (backpressure).
+MAX_EPOCHS_IN_FLIGHT = 3
+
+
+@dataclass
+class _EpochInFlight:
+    epoch: control_pb2.Epoch
+    deadline: float
+    acked: dict[int, int] = field(default_factory=dict)  # partition -> offset after the marker
 
 
 class BusPublisher:
@@ -53,6 +67,7 @@ class BusPublisher:
         self._last_position: Position | None = None
         self._epoch_pending = False
         self._last_epoch_at = 0.0
+        self._in_flight: deque[_EpochInFlight] = deque()
         latest = control.latest_epoch(source_id)
         self._epoch_id = latest.epoch_id if latest else 0
         self.events_published = 0
@@ -70,10 +85,14 @@ class BusPublisher:
             raise RetryableError(f"bus delivery failed: {err.str()}")
 
     def _produce(self, key: bytes | None, value: bytes, partition: int) -> None:
+        self._produce_with(key, value, partition, self._on_delivery)
+
+    def _produce_with(self, key: bytes | None, value: bytes, partition: int,
+                      on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
         while True:
             try:
                 self._producer.produce(self._topic, value=value, key=key, partition=partition,
-                                       on_delivery=self._on_delivery)
+                                       on_delivery=on_delivery)
                 return
             except BufferError:
                 # The local queue is full: wait for the broker instead of dropping.
@@ -94,6 +113,7 @@ class BusPublisher:
             last = event
         self._producer.poll(0)
         self._check()
+        self._record_acked_epochs()
         if last is None:
             return
         self.transactions_published += 1
@@ -106,53 +126,64 @@ class BusPublisher:
         """Call when idle: closes a pending epoch once `epoch_ms` has passed."""
         self._producer.poll(0)
         self._check()
+        self._record_acked_epochs()
         if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
             self.emit_epoch()
 
     def emit_epoch(self) -> None:
-        """Write a marker to every partition, wait for all acks, record the cut in control."""
+        """Write a marker to every partition; the cut is recorded in control once all are
+        acknowledged (`_record_acked_epochs`)."""
         if self._last_position is None:
             return
+        self.drain(keep=MAX_EPOCHS_IN_FLIGHT - 1)
         self._epoch_id += 1
-        offsets: dict[int, int] = {}
+        now_us = int(time.time() * 1_000_000)
+        flight = _EpochInFlight(
+            control_pb2.Epoch(source_id=self._source_id, epoch_id=self._epoch_id,
+                              position=self._last_position, ts_unix_ms=now_us // 1000),
+            deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S)
 
         def on_marker(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 self._on_delivery(err, msg)
             else:
-                offsets[msg.partition()] = msg.offset() + 1
+                flight.acked[msg.partition()] = msg.offset() + 1
 
-        now_us = int(time.time() * 1_000_000)
         for partition in range(self._partitions):
             marker = EpochMarker(epoch_id=self._epoch_id, source_id=self._source_id,
                                  position=self._last_position, partition=partition,
                                  ts_micros=now_us)
-            while True:
-                try:
-                    self._producer.produce(self._topic, value=encode_epoch(marker), key=None,
-                                           partition=partition, on_delivery=on_marker)
-                    break
-                except BufferError:
-                    self._wait(0.1)
-        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
-        remaining = self._producer.flush(0.1)
-        while remaining and time.monotonic() < deadline and self._error is None:
-            if self._idle is not None:
-                self._idle()
-            remaining = self._producer.flush(0.1)
-        self._check()
-        if remaining or len(offsets) != self._partitions:
-            raise RetryableError(f"bus did not acknowledge epoch {self._epoch_id} within "
-                                 f"{EPOCH_ACK_TIMEOUT_S:.0f} s")
-        self._control.record_epoch(control_pb2.Epoch(
-            source_id=self._source_id, epoch_id=self._epoch_id, position=self._last_position,
-            end_offsets=offsets, ts_unix_ms=now_us // 1000))
+            self._produce_with(None, encode_epoch(marker), partition, on_marker)
+        self._in_flight.append(flight)
         self._epoch_pending = False
         self._last_epoch_at = time.monotonic()
+
+    def _record_acked_epochs(self) -> None:
+        """Record, oldest first, every epoch whose markers are all acknowledged; raise if the
+        oldest waits longer than EPOCH_ACK_TIMEOUT_S."""
+        while self._in_flight:
+            flight = self._in_flight[0]
+            if len(flight.acked) < self._partitions:
+                if time.monotonic() > flight.deadline:
+                    raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
+                                         f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+                return
+            for partition, offset in flight.acked.items():
+                flight.epoch.end_offsets[partition] = offset
+            self._control.record_epoch(flight.epoch)
+            self._in_flight.popleft()
+
+    def drain(self, keep: int = 0) -> None:
+        """Wait until at most `keep` emitted epochs are not yet acknowledged and recorded."""
+        while len(self._in_flight) > keep:
+            self._wait(0.1)
+            self._check()
+            self._record_acked_epochs()
 
     def close(self) -> None:
         if self._epoch_pending:
             self.emit_epoch()
+        self.drain()
         self._producer.flush(10)
 
     def abort(self) -> None:
@@ -161,3 +192,4 @@ class BusPublisher:
         epoch counts as delivered."""
         self._producer.purge()
         self._producer.flush(0)
+        self._in_flight.clear()

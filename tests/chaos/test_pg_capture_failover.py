@@ -54,10 +54,10 @@ def stream_and_checkpoint(rig: CaptureRig, dsn: str, first_id: int, rows: int = 
     with psycopg.connect(dsn, autocommit=True) as conn:
         for i in range(first_id, first_id + rows):
             conn.execute("INSERT INTO items VALUES (%s, 'x')", (i,))
-    rig.read(lambda v: any(e.after.columns and e.after.columns[0].value.int_value ==
-                           first_id + rows - 1 for _, _, e in v.events), timeout=60)
-    epoch = rig.control.client.latest_epoch(rig.source_id)
-    assert epoch is not None
+    view = rig.read(lambda v: any(e.after.columns and e.after.columns[0].value.int_value ==
+                                  first_id + rows - 1 for _, _, e in v.events), timeout=60)
+    last_tx = max(e.position.tx_seq for _, _, e in view.events)
+    epoch = rig.wait_epoch(lambda e: e.position.tx_seq >= last_tx, timeout=30)
     rig.checkpoint(epoch)
     return capture
 

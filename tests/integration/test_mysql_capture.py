@@ -259,6 +259,14 @@ def _lost(capture: CaptureThread, timeout: float = 60) -> PositionLostError:
     return capture.error
 
 
+def wait_no_binlog_readers(server: MariaDBServer, timeout: float = 30) -> None:
+    """A stopped capture's binlog dump thread lingers on the server for a moment."""
+    deadline = time.monotonic() + timeout
+    while any(row[4] == "Binlog Dump" for row in server.execute("SHOW PROCESSLIST")):
+        assert time.monotonic() < deadline, "a binlog dump thread is still attached"
+        time.sleep(0.1)
+
+
 def test_purge_past_the_checkpoint_is_a_lost_position(
         tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
         kafka_broker: KafkaBroker, control: ControlHandle) -> None:
@@ -277,6 +285,7 @@ def test_purge_past_the_checkpoint_is_a_lost_position(
         server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
         server.execute("FLUSH BINARY LOGS")
     newest = server.execute("SHOW BINARY LOGS")[-1][0]
+    wait_no_binlog_readers(server)  # the server does not purge a binlog a dump thread reads
     server.execute(f"PURGE BINARY LOGS TO '{newest}'")
     cap = CaptureThread(spec).start()
     err = _lost(cap)
@@ -304,6 +313,7 @@ def test_reset_master_then_new_writes_is_a_lost_position(
         reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
         reader.read_until(count_events(11), timeout=60, alive=alive(cap))
         time.sleep(0.5)
+    wait_no_binlog_readers(server)
     server.execute("RESET MASTER")
     for i in range(10, 40):  # more transactions than before: the numbers pass our checkpoint
         server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
