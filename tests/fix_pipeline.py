@@ -36,6 +36,17 @@ spec:
 """
 
 
+def write_account_tx(conn: Any, t: int, keys: int) -> None:
+    """Source transaction `t` of an `acct (id, v)` table: t = 0 inserts keys 0..keys-1 with
+    v = 0, every later t sets v = t on all of them, so each key's values in source order are
+    0, 1, 2, ... (per-key order and whole transactions are easy to check downstream)."""
+    with conn.transaction(), conn.cursor() as cur:
+        if t == 0:
+            cur.executemany("INSERT INTO acct VALUES (%s, 0)", [(k,) for k in range(keys)])
+        else:
+            cur.executemany("UPDATE acct SET v = %s WHERE id = %s", [(t, k) for k in range(keys)])
+
+
 @dataclass
 class RunningPipeline:
     """A pipeline's three services as processes, with their logs in `dir`."""

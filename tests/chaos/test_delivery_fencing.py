@@ -20,6 +20,7 @@ import pytest
 
 from tailrace.control_client import ControlClient
 from tailrace.proto import control_pb2 as pb
+from tests.fix_pipeline import write_account_tx
 from tests.fix_sinks import read_kafka
 
 pytestmark = pytest.mark.chaos
@@ -43,13 +44,7 @@ def test_a_second_delivery_instance_fences_the_first(pg_db: str, pg_redis_pipeli
     def write() -> None:  # 80 transactions updating the same 50 keys: per-key order matters
         with psycopg.connect(pg_db, autocommit=True) as conn:
             for t in range(TX):
-                with conn.transaction(), conn.cursor() as cur:
-                    if t == 0:
-                        cur.executemany("INSERT INTO acct VALUES (%s, 0)",
-                                        [(k,) for k in range(ROWS_PER_TX)])
-                    else:
-                        cur.executemany("UPDATE acct SET v = %s WHERE id = %s",
-                                        [(t, k) for k in range(ROWS_PER_TX)])
+                write_account_tx(conn, t, ROWS_PER_TX)
                 time.sleep(0.25)
 
     writer = threading.Thread(target=write)

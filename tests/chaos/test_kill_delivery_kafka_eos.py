@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from tailrace.control_client import ControlClient
+from tests.fix_pipeline import write_account_tx
 from tests.fix_sinks import read_kafka
 
 pytestmark = pytest.mark.chaos
@@ -51,13 +52,7 @@ def test_delivery_job_killed_ten_times_kafka_exactly_once_vs_at_least_once(
         for kill in range(KILLS):
             # a burst of 5,000 changes, so the job is busy with 2,000-event batches when killed
             for t in range(kill * TX // KILLS, (kill + 1) * TX // KILLS):
-                with conn.transaction(), conn.cursor() as cur:
-                    if t == 0:
-                        cur.executemany("INSERT INTO acct VALUES (%s, 0)",
-                                        [(k,) for k in range(KEYS)])
-                    else:
-                        cur.executemany("UPDATE acct SET v = %s WHERE id = %s",
-                                        [(t, k) for k in range(KEYS)])
+                write_account_tx(conn, t, KEYS)
             # after 1-3 batches of this process, somewhere inside a later batch or its commit
             delivered = pipeline.log_count("delivery", "batch delivered") + rng.randint(1, 3)
             pipeline.wait_for(
