@@ -26,6 +26,7 @@ from tailrace.devservers import KafkaBroker, RedisServer
 from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage
 from tailrace_services.delivery import job as job_module
+from tailrace_services.delivery.committer import BatchReport
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import build_sink
@@ -97,15 +98,11 @@ def main() -> None:
         # 2. the Spark job
         spark_spec = spec_for("spark", broker.bootstrap, topic, red.url, address, args.batch)
         batch_times: list[float] = []
-        original = job_module.DeliveryJob.process_batch
 
-        def timed(self, df, batch_id):  # noqa: ANN001 - Spark's callback signature
-            started = time.perf_counter()
-            original(self, df, batch_id)
-            if self.events_delivered:
-                batch_times.append(time.perf_counter() - started)
+        def timed(report: BatchReport, seconds: float) -> None:
+            if report.events:
+                batch_times.append(seconds)
 
-        job_module.DeliveryJob.process_batch = timed  # type: ignore[method-assign]
         done = threading.Event()
         first_batch_at: list[float] = []
 
@@ -120,7 +117,8 @@ def main() -> None:
 
         threading.Thread(target=watch, daemon=True).start()
         t0 = time.perf_counter()
-        job_module.run(spark_spec, master="local[*]", stop_after_s=900, stop_when=done.is_set)
+        job_module.run(spark_spec, master="local[*]", stop_after_s=900, stop_when=done.is_set,
+                       on_batch=timed)
         total_s = time.perf_counter() - t0
         spark_events = redis.Redis.from_url(red.url).xlen("spark.items")
         steady = sum(batch_times)

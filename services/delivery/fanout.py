@@ -77,7 +77,10 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
 
 
 def _open(sink: Sink, partition: int) -> Position | None:
-    """Open once per worker (connect, check the destination), then read its stored checkpoint."""
+    """Open once per worker (connect, check the destination), then read its stored checkpoint.
+
+    Read on every slice, not cached: Spark may run the previous batch of this partition in
+    another Python worker, which may have written past what this worker last saw."""
     if not getattr(sink, "_opened", False):
         sink.open()
         sink._opened = True  # type: ignore[attr-defined]

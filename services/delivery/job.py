@@ -34,7 +34,7 @@ from tailrace.errors import FatalError, FencedError, RetryableError
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
-from tailrace_services.delivery.committer import BatchCommitter
+from tailrace_services.delivery.committer import BatchCommitter, BatchReport
 from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
 from tailrace_services.delivery.source import BusDataSource
 
@@ -82,9 +82,11 @@ def _start_spark(app: str, master: str, attempts: int = 3) -> Any:
 
 
 class DeliveryJob:
-    def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
+    def __init__(self, pipeline: PipelineSpec, control: ControlClient,
+                 on_batch: Callable[[BatchReport, float], None] | None = None) -> None:
         self.pipeline = pipeline
         self.control = control
+        self.on_batch = on_batch  # (report, seconds) after every committed batch
         self.committer = BatchCommitter(pipeline, control)
         self.events_delivered = 0
         self.restart_reason = ""
@@ -130,6 +132,8 @@ class DeliveryJob:
                  per_sink=report.delivered, lagging=report.lagging or None,
                  dead_letters=report.dead_letters or None,
                  ms=round((committed_at - started) * 1000))
+        if self.on_batch is not None:
+            self.on_batch(report, committed_at - started)
         if not report.policy_satisfied:
             raise RetryableError(f"commit policy {self.pipeline.spec.commit_policy!r} not met, "
                                  f"no checkpoint moved: {report.reason}; the batch is retried")
@@ -157,10 +161,12 @@ class DeliveryJob:
 
 
 def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
-        stop_when: Callable[[], bool] | None = None) -> None:
-    """Run the streaming query until it fails fatally (raises) or the process is stopped."""
+        stop_when: Callable[[], bool] | None = None,
+        on_batch: Callable[[BatchReport, float], None] | None = None) -> None:
+    """Run the streaming query until it fails fatally (raises) or the process is stopped.
+    `on_batch(report, seconds)` runs on the driver after every batch (benchmarks, embedding)."""
     control = ControlClient(pipeline.spec.control.address)
-    job = DeliveryJob(pipeline, control)
+    job = DeliveryJob(pipeline, control, on_batch)
     control.register_pipeline(pipeline)
     claim = control.claim_delivery(pipeline.name, f"{socket.gethostname()}:{os.getpid()}")
     job.committer.generation = claim.owner.generation
