@@ -50,6 +50,8 @@ class ControlProcess:
                                             start_new_session=True)
         try:
             wait_for_port(self.address, timeout=30)
+            if self.http_port is not None:  # served after gRPC: wait for it too
+                wait_for_port(f"127.0.0.1:{self.http_port}", timeout=30)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"tailrace-control did not start; its log:\n{self.log()}") from None
