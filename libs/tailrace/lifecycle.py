@@ -6,7 +6,8 @@ when stopped) and an error handler saying what its own exceptions mean;
 A source's service class extends `CaptureService` and sets `lifecycle`.
 Tailrace errors mean the same for every source: a lost position is reported to
 the control service as `position_lost`, any other FatalError or a
-NonRetryableError as `failed`, and `run()` raises FatalError. The handler
+NonRetryableError as `failed`, and `run()` raises FatalError; a ConfigError (the
+spec or the source's settings) is reported as `failed` and raised. The handler
 answers the rest with `Reconnect` (back off, start a new session), `Fail`
 (report and raise) or `Stop` (return); an error it leaves alone (None) is raised
 as it is.
@@ -27,7 +28,13 @@ from typing import Protocol
 from tailrace.bus import ensure_topic
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError, NonRetryableError, PositionLostError, RetryableError
+from tailrace.errors import (
+    ConfigError,
+    FatalError,
+    NonRetryableError,
+    PositionLostError,
+    RetryableError,
+)
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import ServerIdentity
 
@@ -90,18 +97,15 @@ class Backoff:
 
 class CaptureLifecycle:
     """Health, readiness and stop of one capture source, and the loop running its sessions.
-
-    `keep_ready`: once streaming, `ready` stays true through reconnects and failures.
-    """
+    Not ready while reconnecting or failed: `/ready` says whether changes flow now."""
 
     def __init__(self, pipeline: PipelineSpec, control: ControlClient, on_error: ErrorHandler,
-                 backoff: Backoff, *, keep_ready: bool = False) -> None:
+                 backoff: Backoff) -> None:
         self.pipeline = pipeline
         self.source_id = pipeline.spec.source.id
         self.control = control
         self.on_error = on_error
         self.backoff = backoff
-        self.keep_ready = keep_ready
         self.health: tuple[bool, str] = (True, "starting")
         self.ready = False
         self.stopping = False
@@ -128,6 +132,9 @@ class CaptureLifecycle:
             except NonRetryableError as e:
                 self.fail("failed", str(e))
                 raise FatalError(str(e)) from e
+            except ConfigError as e:  # the spec or the source's settings: the operator's fix
+                self.fail("failed", str(e))
+                raise
             except Exception as e:
                 outcome = self.on_error(e)
                 if outcome is None:
@@ -152,7 +159,7 @@ class CaptureLifecycle:
     def fail(self, state: str, reason: str) -> None:
         """Unhealthy for good: `state` and `reason` go to the control service (best effort)."""
         self.health = (False, reason)
-        self.ready = self.ready and self.keep_ready
+        self.ready = False
         log.error("capture stopped", state=state, reason=reason)
         try:
             self.control.report_health(self.source_id, state, reason)
@@ -161,7 +168,7 @@ class CaptureLifecycle:
 
     def _reconnect(self, error: Exception, message: str) -> None:
         delay = self.backoff.next()
-        self.ready = self.ready and self.keep_ready
+        self.ready = False
         self.health = (True, f"reconnecting: {error}")
         log.warning(message, error=str(error), retry_in_s=round(delay, 2))
         deadline = time.monotonic() + delay

@@ -93,9 +93,7 @@ class MysqlCapture(CaptureService):
         self.read_timeout_s = 10.0
         self.published: CapturePosition | None = None  # last transaction handed to the bus
         # A fixed doubling, never reset; /ready stays up once streaming has started.
-        self.lifecycle = CaptureLifecycle(pipeline, control, self._on_error,
-                                          Backoff(0.5, 10.0, jitter=False, reset_on_stream=False),
-                                          keep_ready=True)
+        self.lifecycle = CaptureLifecycle(pipeline, control, self._on_error, Backoff(0.5, 10.0))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -107,6 +105,7 @@ class MysqlCapture(CaptureService):
         if isinstance(error, RetryableError | pymysql.err.MySQLError | OSError):
             # The bus may have lost what it did not acknowledge: recompute from it.
             self.published = None
+            metrics.RECONNECTS.labels(self.source.id).inc()
             return Reconnect("capture interrupted; reconnecting")
         return None
 

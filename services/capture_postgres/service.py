@@ -28,7 +28,7 @@ import psycopg
 
 from tailrace.config import PipelineSpec, PostgresSourceSpec
 from tailrace.control_client import ControlClient
-from tailrace.errors import ConfigError, FatalError, RetryableError, SourceConfigurationError
+from tailrace.errors import FatalError, RetryableError, SourceConfigurationError
 from tailrace.lifecycle import Backoff, CaptureLifecycle, CaptureService, Fail, Reconnect, Stop
 from tailrace.logs import get_logger
 from tailrace.publisher import BusPublisher
@@ -77,8 +77,6 @@ class PostgresCapture(CaptureService):
         return lifecycle.stopping and time.monotonic() - lifecycle.stopped_at > STOP_GRACE_S
 
     def _on_error(self, error: Exception) -> Reconnect | Fail | Stop | None:
-        if isinstance(error, ConfigError):  # the spec or the source's settings: the operator's fix
-            return Fail(str(error), error)
         if isinstance(error, StreamStopped):
             return Stop("stopped while waiting for the bus; unacknowledged events will be "
                         "published again from the checkpoint")

@@ -9,7 +9,13 @@ import pytest
 import tailrace.lifecycle as lifecycle
 from tailrace.config import parse_pipeline
 from tailrace.control_client import identity
-from tailrace.errors import FatalError, NonRetryableError, PositionLostError, RetryableError
+from tailrace.errors import (
+    ConfigError,
+    FatalError,
+    NonRetryableError,
+    PositionLostError,
+    RetryableError,
+)
 from tailrace.lifecycle import (
     Backoff,
     CaptureLifecycle,
@@ -49,10 +55,9 @@ class FakeControl:
         self.stored.append(attributes)
 
 
-def make(control: FakeControl, on_error: Any = lambda e: None, keep_ready: bool = False
-         ) -> CaptureLifecycle:
+def make(control: FakeControl, on_error: Any = lambda e: None) -> CaptureLifecycle:
     return CaptureLifecycle(parse_pipeline(SPEC, env={}), control, on_error,  # type: ignore[arg-type]
-                            Backoff(0.01, 0.02, jitter=False), keep_ready=keep_ready)
+                            Backoff(0.01, 0.02, jitter=False))
 
 
 @pytest.fixture(autouse=True)
@@ -75,14 +80,15 @@ def test_tailrace_errors_map_to_health_states_and_fatal_errors():
         make(control).run(failing(PositionLostError("slot missing")))
     with pytest.raises(FatalError, match="^auth$"):
         make(control).run(failing(NonRetryableError("auth")))
+    with pytest.raises(ConfigError):
+        make(control).run(failing(ConfigError("source.dsn: wal_level is replica")))
     assert [(s, r) for _, s, r in control.health] == [
         ("position_lost", "position lost: slot missing. Re-snapshot required."),
-        ("failed", "auth")]
+        ("failed", "auth"), ("failed", "source.dsn: wal_level is replica")]
 
 
-@pytest.mark.parametrize("keep_ready", [False, True])
-def test_transient_errors_reconnect_and_reset_readiness_unless_kept(keep_ready: bool):
-    life = make(FakeControl(), lambda e: Reconnect("interrupted"), keep_ready=keep_ready)
+def test_transient_errors_reconnect_and_reset_readiness():
+    life = make(FakeControl(), lambda e: Reconnect("interrupted"))
     seen: list[bool] = []
 
     def session() -> None:
@@ -91,7 +97,7 @@ def test_transient_errors_reconnect_and_reset_readiness_unless_kept(keep_ready: 
             life.streaming()
             raise RetryableError("connection lost")
     life.run(session)
-    assert seen == [False, keep_ready, keep_ready]
+    assert seen == [False, False, False]
     assert life.health == (True, "reconnecting: connection lost")
 
 
