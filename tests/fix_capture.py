@@ -1,4 +1,4 @@
-"""Shared rig of the capture-postgres tests (no tests here; a plugin through `pytest_plugins`).
+"""Shared rig of the capture-postgres tests (plugin: `tests.fix_capture`).
 
 - `control`: a control service in this process (memory storage) and a client;
 - `capture_rig(dsn, ...)`: writes a pipeline spec and starts the capture service as a
@@ -36,7 +36,7 @@ from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.server import ControlServer, serve
 from tailrace_services.control.storage import MemoryStorage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 SPEC = """\
 apiVersion: tailrace/v1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,30 +16,21 @@ from tailrace_services.capture_mysql.testing import (
     BusReader,
     CaptureProcess,
     CaptureThread,
-    ControlHandle,
     Record,
-    start_control,
-    write_spec,
 )
+from tests.fix_capture import Control
+from tests.fix_mysql import alive, events, lost
 
 pytestmark = pytest.mark.chaos
 
 
-@pytest.fixture(scope="module")
-def control() -> Iterator[ControlHandle]:
-    handle = start_control()
-    yield handle
-    handle.stop()
-
-
 def tx_ends(records: list[Record]) -> Counter[str]:
-    return Counter(r.record.event.tx_id for r in records
-                   if r.record.WhichOneof("record") == "event" and r.record.event.tx_end)
+    return Counter(e.tx_id for e in events(records) if e.tx_end)
 
 
 def inserted_ids(records: list[Record]) -> set[int]:
-    return {python_of(r.record.event.after.columns[0].value) for r in records
-            if r.record.WhichOneof("record") == "event" and r.record.event.op == Op.OP_INSERT}
+    return {python_of(e.after.columns[0].value) for e in events(records)
+            if e.op == Op.OP_INSERT}
 
 
 def write_txs(server: MariaDBServer, first: int, count: int, rows: int = 1,
@@ -62,12 +53,11 @@ def new_source(server: MariaDBServer) -> None:
 
 
 def test_kill_9_five_times_and_a_mariadb_restart_lose_nothing_and_repeat_no_gtid(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+        tmp_path: Path, mysql_spec: Callable[..., Path],
+        make_mariadb_server: Callable[..., MariaDBServer], kafka_broker: KafkaBroker) -> None:
     server = make_mariadb_server()
     new_source(server)
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=kafka_broker.bootstrap,
-                      control=control.address, tables=["shop.t"], name="kill9")
+    spec = mysql_spec(server, ["shop.t"], name="kill9")
     capture = CaptureProcess(spec, tmp_path / "capture.log").start()
     capture.wait_log('"event": "streaming"')
     import threading
@@ -111,9 +101,8 @@ def test_kill_9_five_times_and_a_mariadb_restart_lose_nothing_and_repeat_no_gtid
     twice = {g: n for g, n in ends.items() if n > 1}
     assert not twice, f"GTIDs published whole more than once: {twice}"
     sizes: dict[str, set[int]] = defaultdict(set)
-    for r in reader.records:
-        if r.record.WhichOneof("record") == "event":
-            sizes[r.record.event.tx_id].add(r.record.event.tx_index)
+    for e in events(reader.records):
+        sizes[e.tx_id].add(e.tx_index)
     assert all(len(ix) == 200 for g, ix in sizes.items() if g in ends and len(ix) > 1)
     reconnects = capture.log().count("binlog connection lost; reconnecting")
     print(f"\nkill -9 x{kills} + restart: {len(ends)} transactions once each, "
@@ -121,10 +110,16 @@ def test_kill_9_five_times_and_a_mariadb_restart_lose_nothing_and_repeat_no_gtid
     reader.close()
 
 
-def _replica_of(primary: MariaDBServer, replica: MariaDBServer) -> None:
+def _primary_and_replica(make_mariadb_server: Callable[..., MariaDBServer]
+                         ) -> tuple[MariaDBServer, MariaDBServer]:
+    """A new source (server_id 1) and a replica of it by GTID (server_id 2)."""
+    primary = make_mariadb_server(server_id=1)
+    replica = make_mariadb_server(server_id=2)
+    new_source(primary)
     replica.execute(f"CHANGE MASTER TO master_host='127.0.0.1', master_port={primary.port}, "
                     "master_user='root', master_password='', master_use_gtid=slave_pos")
     replica.execute("START SLAVE")
+    return primary, replica
 
 
 def _wait_caught_up(primary: MariaDBServer, replica: MariaDBServer, timeout: float = 30) -> None:
@@ -135,50 +130,39 @@ def _wait_caught_up(primary: MariaDBServer, replica: MariaDBServer, timeout: flo
         time.sleep(0.1)
 
 
-def _capture_and_read(tmp_path: Path, server: MariaDBServer, broker: KafkaBroker,
-                      control: ControlHandle, name: str, until_txs: int,
+def _capture_and_read(spec: Path, brokers: str, until_txs: int,
                       reader: BusReader | None = None) -> BusReader:
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=broker.bootstrap,
-                      control=control.address, tables=["shop.t"], name=name)
     with CaptureThread(spec) as cap:
-        reader = reader or BusReader(broker.bootstrap, cap.spec.bus_topic)
-
-        def check() -> None:
-            if cap.error is not None:
-                raise AssertionError(f"capture failed: {cap.error}")
-
-        reader.read_until(lambda rs: len(tx_ends(rs)) >= until_txs, timeout=60, alive=check)
+        reader = reader or BusReader(brokers, cap.spec.bus_topic)
+        reader.read_until(lambda rs: len(tx_ends(rs)) >= until_txs, timeout=60,
+                          alive=alive(cap))
         time.sleep(0.5)
     return reader
 
 
-def _lost_on(tmp_path: Path, server: MariaDBServer, broker: KafkaBroker, control: ControlHandle,
-             name: str) -> PositionLostError:
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=broker.bootstrap,
-                      control=control.address, tables=["shop.t"], name=name)
+def _lost_on(spec: Path) -> PositionLostError:
     cap = CaptureThread(spec).start()
-    cap.join(60)
-    cap.stop()
-    assert isinstance(cap.error, PositionLostError), f"expected a lost position: {cap.error!r}"
-    return cap.error
+    try:
+        return lost(cap)
+    finally:
+        cap.stop()
 
 
 def test_failover_to_a_promoted_replica_continues_by_gtid(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
-    primary = make_mariadb_server(server_id=1)
-    replica = make_mariadb_server(server_id=2)
-    new_source(primary)
-    _replica_of(primary, replica)
+        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: Control) -> None:
+    primary, replica = _primary_and_replica(make_mariadb_server)
     write_txs(primary, 0, 30)
-    reader = _capture_and_read(tmp_path, primary, kafka_broker, control, "promote", 31)
+    reader = _capture_and_read(mysql_spec(primary, ["shop.t"], name="promote"),
+                               kafka_broker.bootstrap, 31)
     write_txs(primary, 30, 20)  # capture is down: these must come from the replica
     _wait_caught_up(primary, replica)
     primary.stop()
     replica.execute("STOP SLAVE")
     replica.execute("RESET SLAVE ALL")
     write_txs(replica, 50, 10)  # the promoted server's own writes: 0-2-...
-    _capture_and_read(tmp_path, replica, kafka_broker, control, "promote", 61, reader)
+    _capture_and_read(mysql_spec(replica, ["shop.t"], name="promote"),
+                      kafka_broker.bootstrap, 61, reader)
     assert inserted_ids(reader.records) == set(range(60))
     assert max(tx_ends(reader.records).values()) == 1, "nothing published twice"
     records = control.client.list_reconcile_records("src-promote")
@@ -188,18 +172,16 @@ def test_failover_to_a_promoted_replica_continues_by_gtid(
 
 
 def test_failover_to_a_lagging_replica_is_a_lost_position(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
-    primary = make_mariadb_server(server_id=1)
-    replica = make_mariadb_server(server_id=2)
-    new_source(primary)
-    _replica_of(primary, replica)
+        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: Control) -> None:
+    primary, replica = _primary_and_replica(make_mariadb_server)
     write_txs(primary, 0, 10)
     _wait_caught_up(primary, replica)
     replica.execute("STOP SLAVE")  # lags from here
     write_txs(primary, 10, 20)
-    reader = _capture_and_read(tmp_path, primary, kafka_broker, control, "lagging", 31)
-    err = _lost_on(tmp_path, replica, kafka_broker, control, "lagging")
+    reader = _capture_and_read(mysql_spec(primary, ["shop.t"], name="lagging"),
+                               kafka_broker.bootstrap, 31)
+    err = _lost_on(mysql_spec(replica, ["shop.t"], name="lagging"))
     assert str(err) == f"position lost: {err.reason}. Re-snapshot required."
     assert "the server is behind our checkpoint" in err.reason
     assert "0-1-12" in err.reason and "0-1-32" in err.reason, err.reason
@@ -211,18 +193,19 @@ def test_failover_to_a_lagging_replica_is_a_lost_position(
 
 
 def test_an_independent_server_on_the_same_address_is_detected(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: Control) -> None:
     first = make_mariadb_server(server_id=1)
     new_source(first)
     write_txs(first, 0, 20)
-    reader = _capture_and_read(tmp_path, first, kafka_broker, control, "independent", 21)
+    reader = _capture_and_read(mysql_spec(first, ["shop.t"], name="independent"),
+                               kafka_broker.bootstrap, 21)
     port = first.port
     first.stop()
     other = make_mariadb_server(port=port, server_id=7)
     new_source(other)
     write_txs(other, 0, 100)  # its GTID numbers pass ours: only the history tells
-    err = _lost_on(tmp_path, other, kafka_broker, control, "independent")
+    err = _lost_on(mysql_spec(other, ["shop.t"], name="independent"))
     assert "never contained GTID 0-1-22" in err.reason, err.reason
     records = control.client.list_reconcile_records("src-independent")
     assert [r.decision for r in records] == ["resnapshot"]

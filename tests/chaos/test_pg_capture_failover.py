@@ -31,7 +31,7 @@ import pytest
 from tailrace.devservers import PostgresServer, TcpProxy
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture_postgres.replication import ReplicationConnection, str_to_lsn
-from tests.integration.test_pg_capture_harness import (
+from tests.fix_capture import (
     CaptureProcess,
     CaptureRig,
     StandbyServer,
@@ -39,7 +39,6 @@ from tests.integration.test_pg_capture_harness import (
 )
 
 pytestmark = pytest.mark.chaos
-pytest_plugins = ["tests.integration.test_pg_capture_harness"]
 
 LOST = re.compile(r"position lost: (.+?)\. Re-snapshot required\.")
 

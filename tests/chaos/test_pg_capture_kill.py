@@ -22,7 +22,7 @@ import pytest
 
 from tailrace.events import Op
 from tailrace_services.capture_postgres.position import lsn_of
-from tests.integration.test_pg_capture_harness import (
+from tests.fix_capture import (
     assert_transactions_whole,
     column,
     deduplicated,
@@ -30,7 +30,6 @@ from tests.integration.test_pg_capture_harness import (
 )
 
 pytestmark = pytest.mark.chaos
-pytest_plugins = ["tests.integration.test_pg_capture_harness"]
 
 KILLS = 5
 TRANSACTIONS = 400

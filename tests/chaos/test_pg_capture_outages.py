@@ -13,10 +13,9 @@ import pytest
 
 from tailrace.devservers import KafkaBroker, TcpProxy, free_port
 from tailrace.events import Op
-from tests.integration.test_pg_capture_harness import column, deduplicated, slot_row
+from tests.fix_capture import column, deduplicated, slot_row
 
 pytestmark = pytest.mark.chaos
-pytest_plugins = ["tests.integration.test_pg_capture_harness"]
 
 
 class Writer(threading.Thread):

@@ -6,33 +6,20 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tailrace.devservers import KafkaBroker, MariaDBServer
-from tailrace.errors import PositionLostError
 from tailrace.events import Op, python_of
 from tailrace.proto.event_pb2 import ChangeEvent
-from tailrace_services.capture_mysql.testing import (
-    BusReader,
-    CaptureThread,
-    ControlHandle,
-    Record,
-    start_control,
-    write_spec,
-)
+from tailrace_services.capture_mysql.testing import BusReader, CaptureThread
+from tests.fix_capture import Control
+from tests.fix_mysql import alive, count_events, events, lost
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def control() -> Iterator[ControlHandle]:
-    handle = start_control()
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture
@@ -42,35 +29,13 @@ def db(mariadb_server: MariaDBServer) -> str:
     return name
 
 
-def events(records: list[Record]) -> list[ChangeEvent]:
-    return [r.record.event for r in records if r.record.WhichOneof("record") == "event"]
-
-
 def row(ev: ChangeEvent, which: str = "after") -> dict[str, Any]:
     return {c.name: python_of(c.value) for c in getattr(ev, which).columns}
 
 
-def count_events(n: int) -> Callable[[list[Record]], bool]:
-    return lambda rs: sum(r.record.WhichOneof("record") == "event" for r in rs) >= n
-
-
-def alive(capture: CaptureThread) -> Callable[[], None]:
-    def check() -> None:
-        if capture.error is not None:
-            raise AssertionError(f"capture failed: {capture.error}")
-    return check
-
-
-def capture_for(tmp_path: Path, server: MariaDBServer, broker: KafkaBroker,
-                control: ControlHandle, tables: list[str], **kw: Any) -> CaptureThread:
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=broker.bootstrap,
-                      control=control.address, tables=tables, **kw)
-    return CaptureThread(spec)
-
-
 def test_backlog_of_200k_rows_streams_completely_in_gtid_mode(
-        tmp_path: Path, mariadb_server: MariaDBServer, kafka_broker: KafkaBroker,
-        control: ControlHandle, db: str) -> None:
+        mysql_spec: Callable[..., Path], mariadb_server: MariaDBServer,
+        kafka_broker: KafkaBroker, db: str) -> None:
     """200 transactions of 1000 rows written before capture starts: every row arrives once."""
     mariadb_server.execute(f"CREATE TABLE {db}.big (id int PRIMARY KEY, v varchar(40))")
     conn = mariadb_server.connect(db)
@@ -83,7 +48,7 @@ def test_backlog_of_200k_rows_streams_completely_in_gtid_mode(
             cur.execute("COMMIT")
     conn.close()
     t0 = time.monotonic()
-    with capture_for(tmp_path, mariadb_server, kafka_broker, control, [f"{db}.big"]) as cap:
+    with CaptureThread(mysql_spec(mariadb_server, [f"{db}.big"])) as cap:
         reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
         reader.read_until(count_events(200_001), timeout=240, alive=alive(cap))
         elapsed = time.monotonic() - t0
@@ -98,12 +63,12 @@ def test_backlog_of_200k_rows_streams_completely_in_gtid_mode(
 
 
 def test_100k_mixed_changes_over_3_tables_ordered_contiguous_epochs_whole(
-        tmp_path: Path, mariadb_server: MariaDBServer, kafka_broker: KafkaBroker,
-        control: ControlHandle, db: str) -> None:
+        mysql_spec: Callable[..., Path], mariadb_server: MariaDBServer,
+        kafka_broker: KafkaBroker, db: str) -> None:
     for t in ("a", "b", "c"):
         mariadb_server.execute(f"CREATE TABLE {db}.{t} (id int PRIMARY KEY, v int NOT NULL)")
-    cap = capture_for(tmp_path, mariadb_server, kafka_broker, control, [f"{db}.%"],
-                      epoch_ms=50, max_tx=300).start()  # transactions of 600 spill
+    cap = CaptureThread(mysql_spec(mariadb_server, [f"{db}.%"], epoch_ms=50,
+                                   max_tx=300)).start()  # transactions of 600 spill
     cap.wait_streaming()
     expected = 0
 
@@ -182,8 +147,8 @@ def test_100k_mixed_changes_over_3_tables_ordered_contiguous_epochs_whole(
 
 
 def test_alter_add_drop_rename_column_rows_keep_their_own_names_and_versions(
-        tmp_path: Path, mariadb_server: MariaDBServer, kafka_broker: KafkaBroker,
-        control: ControlHandle, db: str) -> None:
+        mysql_spec: Callable[..., Path], mariadb_server: MariaDBServer,
+        kafka_broker: KafkaBroker, control: Control, db: str) -> None:
     """All written before capture starts: the catalog already shows the last structure."""
     run = mariadb_server.execute
     run(f"CREATE TABLE {db}.t (id int PRIMARY KEY, a int, b varchar(10))")
@@ -195,7 +160,7 @@ def test_alter_add_drop_rename_column_rows_keep_their_own_names_and_versions(
     run(f"ALTER TABLE {db}.t RENAME COLUMN b TO bee")
     run(f"INSERT INTO {db}.t VALUES (4, 'w', 400)")
     run(f"TRUNCATE TABLE {db}.t")
-    with capture_for(tmp_path, mariadb_server, kafka_broker, control, [f"{db}.t"]) as cap:
+    with CaptureThread(mysql_spec(mariadb_server, [f"{db}.t"])) as cap:
         reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
         reader.read_until(count_events(9), timeout=60, alive=alive(cap))
     evs = events(reader.records)
@@ -215,8 +180,8 @@ def test_alter_add_drop_rename_column_rows_keep_their_own_names_and_versions(
     reader.close()
 
 
-def test_value_types_decode_exactly(tmp_path: Path, mariadb_server: MariaDBServer,
-                                    kafka_broker: KafkaBroker, control: ControlHandle,
+def test_value_types_decode_exactly(mysql_spec: Callable[..., Path],
+                                    mariadb_server: MariaDBServer, kafka_broker: KafkaBroker,
                                     db: str) -> None:
     import datetime as dt
     from decimal import Decimal
@@ -234,7 +199,7 @@ def test_value_types_decode_exactly(tmp_path: Path, mariadb_server: MariaDBServe
         cur.execute("SELECT u FROM v")
         (u,) = cur.fetchone()
     conn.close()
-    with capture_for(tmp_path, mariadb_server, kafka_broker, control, [f"{db}.v"]) as cap:
+    with CaptureThread(mysql_spec(mariadb_server, [f"{db}.v"])) as cap:
         reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
         reader.read_until(count_events(2), timeout=60, alive=alive(cap))
     ins = [e for e in events(reader.records) if e.op == Op.OP_INSERT][0]
@@ -252,13 +217,6 @@ def test_value_types_decode_exactly(tmp_path: Path, mariadb_server: MariaDBServe
     reader.close()
 
 
-def _lost(capture: CaptureThread, timeout: float = 60) -> PositionLostError:
-    capture.join(timeout)
-    assert isinstance(capture.error, PositionLostError), f"expected a lost position, got " \
-                                                         f"{capture.error!r}"
-    return capture.error
-
-
 def wait_no_binlog_readers(server: MariaDBServer, timeout: float = 30) -> None:
     """A stopped capture's binlog dump thread lingers on the server for a moment."""
     deadline = time.monotonic() + timeout
@@ -267,20 +225,30 @@ def wait_no_binlog_readers(server: MariaDBServer, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-def test_purge_past_the_checkpoint_is_a_lost_position(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
-    server = make_mariadb_server()
+def _captured_then_stopped(spec: Path, server: MariaDBServer, brokers: str,
+                           rows: int) -> BusReader:
+    """A capture of `spec` runs while `rows` rows go into shop.t; stopped once they are read."""
+    with CaptureThread(spec) as cap:
+        for i in range(rows):
+            server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
+        reader = BusReader(brokers, cap.spec.bus_topic)
+        reader.read_until(count_events(rows + 1), timeout=60, alive=alive(cap))
+        time.sleep(0.5)
+    return reader
+
+
+def _shop(server: MariaDBServer) -> None:
     server.execute("CREATE DATABASE shop")
     server.execute("CREATE TABLE shop.t (id int PRIMARY KEY)")
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=kafka_broker.bootstrap,
-                      control=control.address, tables=["shop.t"], name="purge")
-    with CaptureThread(spec) as cap:
-        for i in range(5):
-            server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
-        reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
-        reader.read_until(count_events(6), timeout=60, alive=alive(cap))
-        time.sleep(0.5)
+
+
+def test_purge_past_the_checkpoint_is_a_lost_position(
+        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker, control: Control) -> None:
+    server = make_mariadb_server()
+    _shop(server)
+    spec = mysql_spec(server, ["shop.t"], name="purge")
+    reader = _captured_then_stopped(spec, server, kafka_broker.bootstrap, 5)
     for i in range(5, 10):  # written while capture is down, then purged
         server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
         server.execute("FLUSH BINARY LOGS")
@@ -288,7 +256,7 @@ def test_purge_past_the_checkpoint_is_a_lost_position(
     wait_no_binlog_readers(server)  # the server does not purge a binlog a dump thread reads
     server.execute(f"PURGE BINARY LOGS TO '{newest}'")
     cap = CaptureThread(spec).start()
-    err = _lost(cap)
+    err = lost(cap)
     text = str(err)
     assert text.startswith("position lost: binlogs were purged past our checkpoint")
     assert text.endswith(". Re-snapshot required.")
@@ -300,25 +268,18 @@ def test_purge_past_the_checkpoint_is_a_lost_position(
 
 
 def test_reset_master_then_new_writes_is_a_lost_position(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        kafka_broker: KafkaBroker) -> None:
     server = make_mariadb_server()
-    server.execute("CREATE DATABASE shop")
-    server.execute("CREATE TABLE shop.t (id int PRIMARY KEY)")
-    spec = write_spec(tmp_path, dsn=server.dsn(), brokers=kafka_broker.bootstrap,
-                      control=control.address, tables=["shop.t"], name="reset")
-    with CaptureThread(spec) as cap:
-        for i in range(10):
-            server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
-        reader = BusReader(kafka_broker.bootstrap, cap.spec.bus_topic)
-        reader.read_until(count_events(11), timeout=60, alive=alive(cap))
-        time.sleep(0.5)
+    _shop(server)
+    spec = mysql_spec(server, ["shop.t"], name="reset")
+    reader = _captured_then_stopped(spec, server, kafka_broker.bootstrap, 10)
     wait_no_binlog_readers(server)
     server.execute("RESET MASTER")
     for i in range(10, 40):  # more transactions than before: the numbers pass our checkpoint
         server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
     cap = CaptureThread(spec).start()
-    err = _lost(cap)
+    err = lost(cap)
     assert "RESET MASTER" in err.reason, err.reason
     assert str(err) == f"position lost: {err.reason}. Re-snapshot required."
     cap.stop()
@@ -326,13 +287,13 @@ def test_reset_master_then_new_writes_is_a_lost_position(
 
 
 def test_settings_are_checked_before_streaming(
-        tmp_path: Path, make_mariadb_server: Callable[..., MariaDBServer],
-        kafka_broker: KafkaBroker, control: ControlHandle) -> None:
+        mysql_spec: Callable[..., Path],
+        make_mariadb_server: Callable[..., MariaDBServer]) -> None:
     from tailrace.errors import SourceConfigurationError
 
     server = make_mariadb_server(extra_args=["--binlog-row-metadata=MINIMAL",
                                              "--binlog-format=MIXED"])
-    cap = capture_for(tmp_path, server, kafka_broker, control, ["shop.*"]).start()
+    cap = CaptureThread(mysql_spec(server, ["shop.*"])).start()
     cap.join(30)
     assert isinstance(cap.error, SourceConfigurationError)
     text = str(cap.error)

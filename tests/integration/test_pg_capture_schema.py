@@ -10,10 +10,9 @@ import pytest
 
 from tailrace.events import ChangeEvent, Op
 from tailrace.proto import control_pb2 as pb
-from tests.integration.test_pg_capture_harness import assert_transactions_whole, column
+from tests.fix_capture import assert_transactions_whole, column
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.integration.test_pg_capture_harness"]
 
 # (DDL run before the insert, columns of the events after it, type of column c)
 STEPS: list[tuple[str, list[str]]] = [

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from tailrace.events import ChangeEvent, Op
-from tests.integration.test_pg_capture_harness import (
+from tests.fix_capture import (
     BusView,
     assert_epochs_between_transactions,
     assert_transactions_whole,
@@ -20,7 +20,6 @@ from tests.integration.test_pg_capture_harness import (
 )
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.integration.test_pg_capture_harness"]
 
 SCHEMA = """
 CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text);
