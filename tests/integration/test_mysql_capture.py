@@ -225,6 +225,19 @@ def wait_no_binlog_readers(server: MariaDBServer, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
+def purge_binlogs_to(server: MariaDBServer, newest: str, timeout: float = 30) -> None:
+    """PURGE until it took effect: MariaDB keeps a binlog that a dump thread still reads or
+    whose binlog checkpoint (written in the background after FLUSH) is not done yet."""
+    wait_no_binlog_readers(server, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        server.execute(f"PURGE BINARY LOGS TO '{newest}'")
+        if server.execute("SHOW BINARY LOGS")[0][0] == newest:
+            return
+        assert time.monotonic() < deadline, "binary logs were not purged"
+        time.sleep(0.2)
+
+
 def _captured_then_stopped(spec: Path, server: MariaDBServer, brokers: str,
                            rows: int) -> BusReader:
     """A capture of `spec` runs while `rows` rows go into shop.t; stopped once they are read."""
@@ -253,8 +266,7 @@ def test_purge_past_the_checkpoint_is_a_lost_position(
         server.execute("INSERT INTO shop.t VALUES (%s)", (i,))
         server.execute("FLUSH BINARY LOGS")
     newest = server.execute("SHOW BINARY LOGS")[-1][0]
-    wait_no_binlog_readers(server)  # the server does not purge a binlog a dump thread reads
-    server.execute(f"PURGE BINARY LOGS TO '{newest}'")
+    purge_binlogs_to(server, newest)
     cap = CaptureThread(spec).start()
     err = lost(cap)
     text = str(err)
