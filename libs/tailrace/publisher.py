@@ -120,7 +120,7 @@ class BusPublisher:
         self._last_position = last.position
         self._epoch_pending = True
         if time.monotonic() - self._last_epoch_at >= self._epoch_s:
-            self.emit_epoch()
+            self._emit_epoch()
 
     def tick(self) -> None:
         """Call when idle: closes a pending epoch once `epoch_ms` has passed."""
@@ -128,9 +128,15 @@ class BusPublisher:
         self._check()
         self._record_acked_epochs()
         if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
-            self.emit_epoch()
+            self._emit_epoch()
 
     def emit_epoch(self) -> None:
+        """Close the epoch now and wait until it is recorded in control (what follows a
+        publish in tests and tools; the capture loop closes epochs without waiting)."""
+        self._emit_epoch()
+        self.drain()
+
+    def _emit_epoch(self) -> None:
         """Write a marker to every partition; the cut is recorded in control once all are
         acknowledged (`_record_acked_epochs`)."""
         if self._last_position is None:
@@ -182,7 +188,7 @@ class BusPublisher:
 
     def close(self) -> None:
         if self._epoch_pending:
-            self.emit_epoch()
+            self._emit_epoch()
         self.drain()
         self._producer.flush(10)
 
