@@ -84,15 +84,13 @@ class BusPublisher:
                 raise FatalError(f"bus producer failed fatally: {err.str()}")
             raise RetryableError(f"bus delivery failed: {err.str()}")
 
-    def _produce(self, key: bytes | None, value: bytes, partition: int) -> None:
-        self._produce_with(key, value, partition, self._on_delivery)
-
-    def _produce_with(self, key: bytes | None, value: bytes, partition: int,
-                      on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
+    def _produce(self, key: bytes | None, value: bytes, partition: int,
+                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None
+                 ) -> None:
         while True:
             try:
                 self._producer.produce(self._topic, value=value, key=key, partition=partition,
-                                       on_delivery=on_delivery)
+                                       on_delivery=on_delivery or self._on_delivery)
                 return
             except BufferError:
                 # The local queue is full: wait for the broker instead of dropping.
@@ -159,7 +157,7 @@ class BusPublisher:
             marker = EpochMarker(epoch_id=self._epoch_id, source_id=self._source_id,
                                  position=self._last_position, partition=partition,
                                  ts_micros=now_us)
-            self._produce_with(None, encode_epoch(marker), partition, on_marker)
+            self._produce(None, encode_epoch(marker), partition, on_marker)
         self._in_flight.append(flight)
         self._epoch_pending = False
         self._last_epoch_at = time.monotonic()

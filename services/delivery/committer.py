@@ -69,6 +69,15 @@ class BatchCommitter:
                     "second delivery process running for this pipeline?")
         return current
 
+    def check_owner(self, owner: pb.DeliveryOwner) -> None:
+        """Before writing: a newer delivery instance that claimed the pipeline fences this one
+        (the control service would refuse our commit anyway; this spares the sinks the write)."""
+        if self.generation and owner.generation != self.generation:
+            raise FencedError(
+                f"delivery instance {owner.instance} (generation {owner.generation}) took over "
+                f"pipeline {self.pipeline.name}; this instance (generation {self.generation}) "
+                "stops without writing further")
+
     def forget_versions(self) -> None:
         """After a restart from checkpoints (e.g. an operator rewind) start from what is stored."""
         self._own_versions.clear()

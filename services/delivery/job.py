@@ -96,12 +96,7 @@ class DeliveryJob:
         name = self.pipeline.name
         started = time.monotonic()
         info = self.control.get_pipeline(name)
-        owner = info.delivery_owner
-        if self.committer.generation and owner.generation != self.committer.generation:
-            raise FencedError(
-                f"delivery instance {owner.instance} (generation {owner.generation}) took over "
-                f"pipeline {name}; this instance (generation {self.committer.generation}) stops "
-                "without writing further")
+        self.committer.check_owner(info.delivery_owner)
         if info.state == pb.PIPELINE_PAUSED:
             self.restart_reason = "paused"
             raise _Restart("pipeline paused")
