@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.tailrace-installed
 PROTOS := $(wildcard protos/tailrace/v1/*.proto)
 GEN    := libs/tailrace/proto/control_pb2.py
 
-.PHONY: setup run test test-fast lint protos clean
+.PHONY: setup run test test-fast lint protos secrets clean
 
 setup: $(STAMP) $(GEN)
 
@@ -28,14 +28,23 @@ protos: $(STAMP)
 run: setup
 	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION)) $(if $(DEMO_DIR),--dir $(DEMO_DIR))
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+## Random service and admin tokens for docker-compose.yml (kept if they exist; never in git).
+secrets:
+	@mkdir -p deploy/secrets
+	@for role in service admin; do f=deploy/secrets/$$role.token; \
+	  if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $$f); \
+	  echo "wrote $$f"; fi; done
+
+## ruff, then mypy --strict on the tailrace and tailrace_services packages ([tool.mypy]).
 lint: setup
 	$(VENV)/bin/ruff check libs services tests tools bench
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .tailrace libs/tailrace/proto/*_pb2*.py libs/tailrace/proto/*_pb2*.pyi
+	rm -rf $(VENV) .tailrace .mypy_cache libs/tailrace/proto/*_pb2*.py libs/tailrace/proto/*_pb2*.pyi

@@ -40,7 +40,7 @@ apiVersion: tailrace/v1
 kind: Pipeline
 metadata: {{name: {name}}}
 spec:
-  source: {{type: postgres, id: syn, dsn: "unused", tables: [public.items]}}
+  source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
   sinks: [{{id: r, type: redis, url: "{redis_url}", stream: "{name}.{{table}}"}}]
   bus: {{brokers: "{brokers}", topic: {topic}}}
   control: {{address: "{control}"}}
@@ -66,7 +66,7 @@ def main() -> None:
         client = ControlClient(address)
         topic = "bench-bus"
         broker.create_topic(topic, 1)
-        from tailrace.publisher import BusPublisher
+        from tailrace_services.capture.publisher import BusPublisher
 
         pub = BusPublisher(broker.bootstrap, topic, 1, "syn", client, epoch_ms=50)
         t0 = time.perf_counter()

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from pymysqlreplication.row_event import WriteRowsEvent
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the rig lives in tests/
 
-from tailrace.devservers import KafkaBroker, MariaDBServer
-from tailrace_services.capture_mysql import metrics
-from tailrace_services.capture_mysql.stream import _Reader
-from tailrace_services.capture_mysql.testing import CaptureThread, start_control, write_spec
+from pymysqlreplication.row_event import WriteRowsEvent  # noqa: E402
+
+from tailrace.devservers import KafkaBroker, MariaDBServer  # noqa: E402
+from tailrace_services.capture_mysql.reader import _Reader  # noqa: E402
+from tests.fix_mysql import CaptureThread, start_control, write_spec  # noqa: E402
 
 
 def rss_mb() -> tuple[float, float]:
@@ -77,7 +80,7 @@ def service_publish(server: MariaDBServer, broker: KafkaBroker, control: str, ro
     spec = write_spec(directory, dsn=server.dsn(), brokers=broker.bootstrap, control=control,
                       tables=["bench.t"], name="bench")
     capture = CaptureThread(spec)
-    counter = metrics.EVENTS.labels(capture.capture.source.id)
+    counter = capture.capture.metrics.events
     t0 = time.perf_counter()
     capture.start()
     while counter._value.get() < rows + 1:  # + the CREATE TABLE event

@@ -33,13 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 from tailrace.control_client import ControlClient  # noqa: E402
 from tailrace.devservers import KafkaBroker, PostgresServer  # noqa: E402
-from tailrace_services.capture_postgres.decoder import (  # noqa: E402
+from tailrace_services.capture_postgres.connection import ReplicationConnection  # noqa: E402
+from tailrace_services.capture_postgres.position import lsn_of  # noqa: E402
+from tailrace_services.capture_postgres.reader import (  # noqa: E402
     Commit,
     Insert,
     PgOutputDecoder,
 )
-from tailrace_services.capture_postgres.position import lsn_of  # noqa: E402
-from tailrace_services.capture_postgres.replication import ReplicationConnection  # noqa: E402
 from tailrace_services.control.server import serve  # noqa: E402
 from tailrace_services.control.storage import MemoryStorage  # noqa: E402
 

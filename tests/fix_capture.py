@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -26,12 +30,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
+from tailrace.bus import BusReader, BusReadError
+from tailrace.config import PipelineSpec, parse_pipeline
 from tailrace.control_client import ControlClient
 from tailrace.devservers import KafkaBroker, PostgresServer
 from tailrace.devservers._process import run_checked
-from tailrace.events import ChangeEvent, EpochMarker, decode_record, position_key
+from tailrace.events import ChangeEvent, EpochMarker, position_key
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.server import ControlServer, serve
 from tailrace_services.control.storage import MemoryStorage
@@ -58,6 +63,21 @@ spec:
 """
 
 SINK = "sink1"
+
+UNIT_SPEC = """
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {name: orders}
+spec:
+  source: {type: postgres, id: pg1, dsn: "postgresql://u@h/db", tables: [public.orders]}
+  sinks: [{id: r1, type: redis, url: "redis://127.0.0.1:6379/0"}]
+  bus: {brokers: "127.0.0.1:9092"}
+"""
+
+
+def unit_pipeline() -> PipelineSpec:
+    """A pipeline for unit tests of the capture wing (source pg1, sink r1; no servers)."""
+    return parse_pipeline(UNIT_SPEC, env={})
 
 
 # -- the control service --------------------------------------------------------------
@@ -268,31 +288,27 @@ class BusView:
 def read_bus(brokers: str, topic: str, partitions: int, until: Callable[[BusView], bool],
              timeout: float = 120) -> BusView:
     """Read every partition from offset 0 until `until(view)` holds (checked when idle)."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"check-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False,
-                         "fetch.max.bytes": 64 * 1024 * 1024})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     view = BusView()
     deadline = time.monotonic() + timeout
-    try:
+    with BusReader(brokers, topic, client_id="check") as reader:
+        reader.assign({p: 0 for p in range(partitions)})
         while True:
-            batch = consumer.consume(10_000, 0.5)
-            for msg in batch:
-                if msg.error() is not None:
-                    continue
-                record = decode_record(msg.value())
+            try:
+                batch = reader.poll(10_000, 0.5)
+            except BusReadError:  # transient (the topic is being created): read on
+                batch = []
+            for message in batch:
+                record = message.record()
                 if record.WhichOneof("record") == "event":
-                    view.events.append((msg.partition(), msg.offset(), record.event))
+                    view.events.append((message.partition, message.offset, record.event))
                 else:
-                    view.markers.append((msg.partition(), msg.offset(), record.epoch))
+                    view.markers.append((message.partition, message.offset, record.epoch))
             if len(batch) < 100 and until(view):
                 return view
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"bus {topic}: condition not met after {timeout:.0f} s with "
                     f"{len(view.events)} events and {len(view.markers)} epoch markers")
-    finally:
-        consumer.close()
 
 
 # -- checks of what the bus holds ---------------------------------------------------------
@@ -416,9 +432,67 @@ def assert_epochs_between_transactions(view: BusView, control: ControlClient, so
 # -- PostgreSQL helpers ---------------------------------------------------------------------
 
 
+LOST = re.compile(r"position lost: (.+?)\. Re-snapshot required\.")
+
+
+def stream_and_checkpoint(rig: CaptureRig, dsn: str, first_id: int, rows: int = 20
+                          ) -> CaptureProcess:
+    """Start capture (unless running), write `rows` single-row transactions, wait for them on
+    the bus and commit the sink checkpoint at the latest epoch, as a delivery would."""
+    capture = rig.processes[-1] if rig.processes and rig.processes[-1].proc.poll() is None \
+        else rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(first_id, first_id + rows):
+            conn.execute("INSERT INTO items VALUES (%s, 'x')", (i,))
+    view = rig.read(lambda v: any(e.after.columns and e.after.columns[0].value.int_value ==
+                                  first_id + rows - 1 for _, _, e in v.events), timeout=60)
+    last_tx = max(e.position.tx_seq for _, _, e in view.events)
+    epoch = rig.wait_epoch(lambda e: e.position.tx_seq >= last_tx, timeout=30)
+    rig.checkpoint(epoch)
+    return capture
+
+
+def assert_position_lost(rig: CaptureRig, capture: CaptureProcess, reason: str,
+                         exit_code: int | None = 1) -> str:
+    """The exact error text in the log and in the control service's health; the exit code."""
+    if exit_code is not None:
+        assert capture.wait_exit(60) == exit_code, capture.tail()
+    else:
+        capture.wait_log("Re-snapshot required.")
+    found = LOST.search(capture.log())
+    assert found is not None, capture.tail()
+    assert reason in found.group(1), found.group(0)
+    health = rig.control.client.get_health(rig.source_id)
+    assert health is not None and health.state == pb.HEALTH_POSITION_LOST
+    assert health.reason == found.group(0)
+    return found.group(0)
+
+
+def side_url(capture: CaptureProcess) -> str:
+    capture.wait_log('"event": "http side port"')
+    return str(next(json.loads(line)["url"] for line in capture.log().splitlines()
+                    if '"event": "http side port"' in line))
+
+
+def http_health(capture: CaptureProcess) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(side_url(capture) + "/health", timeout=5) as r:
+            return r.status, {}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def setup_items(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS items (id bigint PRIMARY KEY, v text)")
+
+
+
+
 def slot_row(dsn: str, slot: str) -> tuple[str, int] | None:
     """(wal_status, confirmed_flush_lsn) of a slot, None when it does not exist."""
-    from tailrace_services.capture_postgres.replication import str_to_lsn
+    from tailrace_services.capture_postgres.connection import str_to_lsn
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT coalesce(wal_status, ''), confirmed_flush_lsn::text FROM "
@@ -450,3 +524,46 @@ class StandbyServer(PostgresServer):
 
     def promote(self) -> None:
         self.execute("SELECT pg_promote(true, 60)")
+
+
+class RestoredServer(PostgresServer):
+    """A file-level copy of a stopped server's data directory, slots included, started as a
+    server of its own: the same cluster (system identifier, timeline, LSNs) as of the copy —
+    what a disk snapshot or a restored file backup gives. `copy_of(origin)` copies now.
+    With `standby_of`, the copy follows that primary as a streaming standby (its logical
+    slots kept, as PostgreSQL 17 slot synchronisation would), and `promote()` makes it one."""
+
+    def __init__(self, snapshot: Path, standby_of: PostgresServer | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.snapshot = snapshot
+        self.standby_of = standby_of
+
+    def promote(self) -> None:
+        self.execute("SELECT pg_promote(true, 60)")
+
+    @staticmethod
+    def copy_of(origin: PostgresServer, dest: Path) -> Path:
+        """Copy the data directory of `origin`, which must be stopped (keep_data=True)."""
+        assert not origin.running, "a copy of a running server's files is not consistent"
+        subprocess.run(["cp", "-a", str(origin.datadir), str(dest)], check=True)
+        return dest
+
+    def _prepare(self, directory: Path) -> None:
+        subprocess.run(["cp", "-a", str(self.snapshot), str(self.datadir)], check=True)
+        (self.datadir / "postmaster.pid").unlink(missing_ok=True)
+        if self._user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(self._user)
+            os.chown(directory, entry.pw_uid, entry.pw_gid)
+        with open(self.datadir / "postgresql.conf", "a") as conf:
+            conf.write(f"\n# restored copy\nport = {self.port}\n"
+                       f"unix_socket_directories = '{directory}'\n")
+            if self.standby_of is not None:
+                conf.write(f"primary_conninfo = 'host={self.standby_of.host} "
+                           f"port={self.standby_of.port} user=postgres'\n")
+        if self.standby_of is not None:
+            (self.datadir / "standby.signal").touch()
+            if self._user is not None:
+                shutil.chown(self.datadir / "standby.signal", self._user, self._user)

@@ -16,7 +16,7 @@ import redis
 from tailrace.config import PipelineSpec, parse_pipeline
 from tailrace.control_client import ControlClient
 from tailrace.events import ChangeEvent, Column, Op, Position, Row, value_of
-from tailrace.publisher import BusPublisher
+from tailrace_services.capture.publisher import BusPublisher
 from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage
 
@@ -61,7 +61,7 @@ apiVersion: tailrace/v1
 kind: Pipeline
 metadata: {{name: {self.name}}}
 spec:
-  source: {{type: postgres, id: syn, dsn: "unused", tables: [public.items]}}
+  source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
   sinks: [{sinks}]
   bus: {{brokers: "{self.brokers}", topic: {self.topic}}}
   control: {{address: "{self.control_address}"}}

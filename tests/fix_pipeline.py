@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +16,11 @@ from typing import Any
 import pytest
 import redis
 
+from tailrace.control_client import ControlClient
 from tailrace.devservers import free_port
 from tailrace_services.cli.supervisor import Child, Supervisor, service_argv
 from tailrace_services.cli.up import wait_for_port
+from tests.fix_control import new_token, write_secret
 
 SPEC_TEMPLATE = """\
 apiVersion: tailrace/v1
@@ -27,11 +31,11 @@ spec:
     type: postgres
     id: {source_id}
     dsn: "{dsn}"
-    tables: {tables}
+    tables: {tables}{source_extra}
   sinks:
     - {sink}
   bus: {{brokers: "{brokers}", partitions: {partitions}}}
-  control: {{address: "127.0.0.1:{control_port}"}}
+  control: {{address: "127.0.0.1:{control_port}", token_file: "{token_file}"{control_extra}}}
   batch: {batch}
 """
 
@@ -49,28 +53,46 @@ def write_account_tx(conn: Any, t: int, keys: int) -> None:
 
 @dataclass
 class RunningPipeline:
-    """A pipeline's three services as processes, with their logs in `dir`."""
+    """A pipeline's three services as processes, with their logs in `dir`. Control runs with
+    a service token (the spec's `control.token_file`) and an admin token (`admin_token_file`,
+    for `control_client()` and `cli_args()`); `control_args` are more arguments for it."""
 
     dir: Path
     spec_path: Path
     control_address: str
     redis_url: str
     stream: str
+    service_token_file: Path
+    admin_token_file: Path
+    control_args: tuple[str, ...] = ()
     sup: Supervisor = field(default_factory=Supervisor)
     procs: dict[str, Child] = field(default_factory=dict)
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *extra: str) -> None:
         """`name`: control, capture or delivery; a digit after it starts another instance
-        of that service (`delivery2`) with its own log."""
+        of that service (`delivery2`) with its own log. `extra`: more arguments for it
+        (`--http-port 0`)."""
         argv = {
             "control": service_argv("tailrace-control", "--listen", self.control_address,
-                                    "--storage", f"sqlite:///{self.dir / 'control.db'}"),
+                                    "--storage", f"sqlite:///{self.dir / 'control.db'}",
+                                    "--service-token-file", str(self.service_token_file),
+                                    "--admin-token-file", str(self.admin_token_file),
+                                    *self.control_args),
             "capture": service_argv("tailrace-capture", str(self.spec_path)),
             "delivery": service_argv("tailrace-delivery", str(self.spec_path)),
         }[name.rstrip("0123456789")]
-        self.procs[name] = self.sup.start(name, argv, self.dir / f"{name}.log")
+        self.procs[name] = self.sup.start(name, [*argv, *extra], self.dir / f"{name}.log")
         if name == "control":
             wait_for_port(self.control_address)
+
+    def control_client(self, role: str = "admin", **options: Any) -> ControlClient:
+        """A client of this pipeline's control service with the `role` token (admin, service)."""
+        path = self.admin_token_file if role == "admin" else self.service_token_file
+        return ControlClient(self.control_address, token=path.read_text().strip(), **options)
+
+    def cli_args(self) -> list[str]:
+        """What the `tailrace` admin CLI needs to reach this pipeline's control service."""
+        return ["--control", self.control_address, "--token-file", str(self.admin_token_file)]
 
     def start_all(self) -> None:
         for name in ("control", "capture", "delivery"):
@@ -111,6 +133,19 @@ class RunningPipeline:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) \
             if path.exists() else ""
 
+    def http_health(self, name: str) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body or {}) of `/health` of a service started with `--http-port`."""
+        marker = '"event": "http side port"'
+        self.wait_for(lambda: self.log_count(name, marker) > 0, 60, f"{name}'s http side port")
+        url = next(json.loads(line)["url"] for line in
+                   (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
+                   if marker in line)
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+                return r.status, {}
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
     def stream_entries(self, stream: str) -> list[dict[str, Any]]:
         client = redis.Redis.from_url(self.redis_url)
         return [json.loads(fields[b"event"]) for _, fields in client.xrange(stream)]
@@ -134,20 +169,29 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
 
     def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}",
              sink: str | None = None, extra: str = "", batch: str = "{max_ms: 200}",
-             partitions: int = 1) -> RunningPipeline:
-        """`sink`: a YAML flow mapping replacing the default Redis sink."""
+             partitions: int = 1, control: str = "", control_args: tuple[str, ...] = (),
+             source: str = "") -> RunningPipeline:
+        """`sink`: a YAML flow mapping replacing the default Redis sink; `control`: more
+        fields of spec.control (`tls: {...}`), `control_args`: more arguments for control;
+        `source`: more fields of spec.source, one YAML line each (`snapshot: {...}`)."""
         name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         control_port = free_port()
         spec_path = tmp_path / f"{name}.yaml"
+        service_token = write_secret(tmp_path / f"{name}.service.token", new_token())
+        admin_token = write_secret(tmp_path / f"{name}.admin.token", new_token())
         spec_path.write_text(SPEC_TEMPLATE.format(
             name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
             sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
                               f'stream: "{stream}"}}',
             brokers=kafka_broker.bootstrap, control_port=control_port, batch=batch,
-            partitions=partitions) + extra)
+            partitions=partitions, token_file=service_token,
+            control_extra=f", {control}" if control else "",
+            source_extra="".join(f"\n    {line}" for line in source.splitlines())) + extra)
         p = RunningPipeline(dir=tmp_path, spec_path=spec_path,
                             control_address=f"127.0.0.1:{control_port}",
-                            redis_url=redis_server.url, stream=stream)
+                            redis_url=redis_server.url, stream=stream,
+                            service_token_file=service_token, admin_token_file=admin_token,
+                            control_args=control_args)
         made.append(p)
         return p
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from tailrace.config._model import SinkSpec
+from tailrace.config import SinkSpec
 from tailrace.devservers import NatsServer, PostgresServer, RedisServer
 from tailrace.devservers.noida import NoidaKafka
 from tailrace.events import (
@@ -280,13 +280,18 @@ def make_nats_server() -> Iterator[Callable[..., NatsServer]]:
 # -- the kill-test driver -------------------------------------------------------------------
 
 def drive(spec_json: str, pipeline: str, events_file: Path, batch: int,
-          control_file: Path | None, commit_delay_s: float, ack_delay_s: float) -> None:
+          control_file: Path | None, commit_delay_s: float, ack_delay_s: float,
+          hold_at_end: bool = False) -> None:
     """Write the source's batches through the sink; print one line per acknowledged batch.
+
+    `hold_at_end`: after the last batch print `finished` and wait to be killed, so a test
+    that kills by progress always gets its kill, however fast this run was.
 
     Fault injection widens the windows a kill should hit: `commit_delay_s` holds every Kafka
     transaction open (produced, not committed) that long; `ack_delay_s` waits between the
     sink's acknowledgement and the runtime-style checkpoint.
     """
+    from tailrace.errors import RetryableError
     from tailrace_services.delivery.sinks import build_sink
     from tailrace_services.delivery.sinks.base import BatchCommit
 
@@ -319,7 +324,7 @@ def drive(spec_json: str, pipeline: str, events_file: Path, batch: int,
                 sink.write(todo, commit)
                 break
             except Exception as e:
-                if sink.classify(e).value != "retryable" or attempt == 19:
+                if not isinstance(e, RetryableError) or attempt == 19:
                     raise
                 time.sleep(0.2)
         time.sleep(ack_delay_s)
@@ -328,6 +333,10 @@ def drive(spec_json: str, pipeline: str, events_file: Path, batch: int,
             tmp.write_text(str(n))
             tmp.replace(control_file)
         print(f"batch {n} acked", flush=True)
+    if hold_at_end:
+        print("finished; holding until killed", flush=True)
+        while True:
+            time.sleep(3600)
     sink.close()
     print("finished", flush=True)
 
@@ -343,9 +352,11 @@ def main(argv: list[str]) -> None:
     d.add_argument("--control-file", type=Path)
     d.add_argument("--commit-delay", type=float, default=0.0)
     d.add_argument("--ack-delay", type=float, default=0.0)
+    d.add_argument("--hold-at-end", action="store_true",
+                   help="after the last batch, wait to be killed instead of exiting")
     args = parser.parse_args(argv)
     drive(args.spec, args.pipeline, args.events_file, args.batch, args.control_file,
-          args.commit_delay, args.ack_delay)
+          args.commit_delay, args.ack_delay, args.hold_at_end)
 
 
 if __name__ == "__main__":

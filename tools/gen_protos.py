@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,8 +26,12 @@ def main() -> int:
         f"--python_out={tmp}",
         f"--pyi_out={tmp}",
         f"--grpc_python_out={tmp}",
-        *sources,
     ]
+    # Typed stubs for the gRPC modules (for mypy) when mypy-protobuf is installed (test extras).
+    plugin = shutil.which("protoc-gen-mypy_grpc", path=str(Path(sys.executable).parent))
+    if plugin is not None:
+        args += [f"--plugin=protoc-gen-mypy_grpc={plugin}", f"--mypy_grpc_out=quiet:{tmp}"]
+    args += sources
     if protoc.main(args) != 0:
         print("protoc failed", file=sys.stderr)
         return 1

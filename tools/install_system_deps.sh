@@ -34,6 +34,7 @@ have mariadbd || missing+=(mariadb-server)
 have redis-server || missing+=(redis-server)
 have nats-server || missing+=(nats-server)
 have_java17 || missing+=(openjdk-17-jre-headless)
+have openssl || missing+=(openssl)  # the TLS tests make their certificates with it
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0

@@ -1,24 +1,38 @@
-"""The internal topic: producer/consumer settings shared by capture and delivery.
+"""The internal topic: producer settings, and the one reader of it, for capture and delivery.
 
 One record per change (`BusRecord.event`, keyed by primary key) and, after a
 transaction ends, one `BusRecord.epoch` marker per partition. The broker's
 "latest offset" answer is not trusted (some Kafka-protocol brokers get it
-wrong); readers plan from the epoch offsets recorded in the control service.
+wrong); readers plan from the epoch offsets recorded in the control service,
+or read until the broker says a partition has nothing more (`BusReader`).
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 import zlib
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, cast
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tailrace.errors import RetryableError
+from tailrace.errors import ConfigError, RetryableError
+from tailrace.events import decode_record
+from tailrace.logs import kafka_logger, redact
+from tailrace.proto.event_pb2 import BusRecord
+
+__all__ = ["BusMessage", "BusReadError", "BusReader", "consumer_config", "ensure_topic",
+           "partition_for", "producer_config"]
 
 
-def producer_config(brokers: str, client_id: str) -> dict[str, Any]:
-    """Idempotent producer: retries never duplicate or reorder within a partition."""
+def producer_config(brokers: str, client_id: str, extra: Mapping[str, str] | None = None
+                    ) -> dict[str, Any]:
+    """Idempotent producer: retries never duplicate or reorder within a partition. `extra`:
+    the spec's `bus.client_config` (SASL, TLS), applied over the defaults."""
     return {
         "bootstrap.servers": brokers,
         "client.id": client_id,
@@ -29,11 +43,15 @@ def producer_config(brokers: str, client_id: str) -> dict[str, Any]:
         "queue.buffering.max.messages": 100_000,
         "queue.buffering.max.kbytes": 256 * 1024,
         "message.max.bytes": 16 * 1024 * 1024,
+        "logger": kafka_logger(),  # librdkafka's lines through our logging
+        **(extra or {}),
     }
 
 
-def consumer_config(brokers: str, group: str) -> dict[str, Any]:
-    """Manual assignment, no auto commit: positions live in the control service."""
+def consumer_config(brokers: str, group: str, extra: Mapping[str, str] | None = None
+                    ) -> dict[str, Any]:
+    """Manual assignment, no auto commit: positions live in the control service. `extra`: the
+    spec's `bus.client_config` (SASL, TLS)."""
     return {
         "bootstrap.servers": brokers,
         "group.id": group,
@@ -44,6 +62,8 @@ def consumer_config(brokers: str, group: str) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "logger": kafka_logger(),
+        **(extra or {}),
     }
 
 
@@ -52,9 +72,14 @@ def partition_for(key: bytes, partitions: int) -> int:
     return 0 if partitions == 1 else zlib.crc32(key) % partitions
 
 
-def ensure_topic(brokers: str, topic: str, partitions: int, timeout: float = 15.0) -> None:
-    """Create the internal topic if missing; an existing topic with fewer partitions is an error."""
-    admin = AdminClient({"bootstrap.servers": brokers})
+def ensure_topic(brokers: str, topic: str, partitions: int, timeout: float = 15.0,
+                 extra: Mapping[str, str] | None = None) -> None:
+    """Create the internal topic if missing. An existing topic with fewer partitions than
+    `spec.bus.partitions` is a configuration error: waiting cannot fix it."""
+    # A logging.Logger is a valid `logger` setting; AdminClient's annotation only lists scalars.
+    config: dict[str, Any] = {"bootstrap.servers": brokers, "logger": kafka_logger(),
+                              **(extra or {})}
+    admin = AdminClient(config)
     try:
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as e:
@@ -63,9 +88,10 @@ def ensure_topic(brokers: str, topic: str, partitions: int, timeout: float = 15.
     if existing is not None and existing.error is None:
         have = len(existing.partitions)
         if have < partitions:
-            raise RetryableError(
-                f"bus topic {topic!r} has {have} partitions but bus.partitions is {partitions}; "
-                "delete the topic or lower bus.partitions")
+            raise ConfigError(
+                f"spec.bus.partitions is {partitions} but bus topic {topic!r} has {have} "
+                f"partition(s); set spec.bus.partitions to {have}, or, once every sink has "
+                f"caught up, delete the topic so capture creates it with {partitions}")
         return
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                             replication_factor=1)])
@@ -75,3 +101,140 @@ def ensure_topic(brokers: str, topic: str, partitions: int, timeout: float = 15.
         except KafkaException as e:
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise RetryableError(f"cannot create bus topic {topic!r}: {e}") from None
+
+
+class BusReadError(RetryableError):
+    """The broker answered a read of the internal topic with an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class BusMessage:
+    """One record of the internal topic as read: where it is, and its bytes."""
+
+    partition: int
+    offset: int
+    value: bytes
+
+    def record(self) -> BusRecord:
+        return decode_record(self.value)
+
+
+class BusReader:
+    """The one reader of the internal topic: a consumer with manual assignment (positions
+    live in the control service, never in consumer groups) that knows where a partition
+    ends. Used by delivery's executors (`read_range`), by capture to find what the bus
+    already holds (`read_at`, `read_to_end`) and by tests (`assign` and `poll`).
+
+    `committed_only=False` also reads records of unfinished producer transactions (a
+    capture's own records, which it writes without transactions, read the same either way).
+    `client_config`: the spec's `bus.client_config` (SASL, TLS).
+    """
+
+    def __init__(self, brokers: str, topic: str, *, client_id: str = "tailrace-reader",
+                 client_config: Mapping[str, str] | None = None,
+                 committed_only: bool = True) -> None:
+        config = consumer_config(brokers, f"{client_id}-{uuid.uuid4().hex[:8]}", client_config)
+        config["enable.partition.eof"] = True
+        if not committed_only:
+            config["isolation.level"] = "read_uncommitted"
+        self.topic = topic
+        self.at_end: set[int] = set()
+        """Partitions read to their end (no record since the broker said so)."""
+        try:  # creating a client does no I/O: a refusal is about the settings
+            self._consumer = Consumer(config)
+        except KafkaException as e:
+            raise ConfigError(f"spec.bus.client_config: librdkafka refuses the settings: "
+                              f"{redact(str(e))}; fix or remove the setting") from None
+
+    def assign(self, starts: Mapping[int, int]) -> None:
+        """Read partition p from offset starts[p] on (and no other partition)."""
+        self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
+        self.at_end = set()
+
+    def poll(self, max_messages: int = 10_000, timeout_s: float = 0.5) -> list[BusMessage]:
+        """What arrived within `timeout_s`, in offset order per partition."""
+        return self._consume(max_messages, timeout_s)
+
+    def _consume(self, max_messages: int, timeout_s: float) -> list[BusMessage]:
+        out = []
+        for msg in self._consumer.consume(max_messages, timeout_s):
+            err = msg.error()
+            # confluent-kafka types these as optional (an error event may lack them); records
+            # and partition-end events always carry their partition, records their offset and
+            # value (the bus holds no null values).
+            partition = cast(int, msg.partition())
+            if err is None:
+                self.at_end.discard(partition)
+                out.append(BusMessage(partition, cast(int, msg.offset()), cast(bytes, msg.value())))
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self.at_end.add(partition)
+            else:
+                raise BusReadError(f"bus {self.topic}[{partition}]: {err.str()}")
+        return out
+
+    def read_range(self, partition: int, start: int, end: int, timeout_s: float = 60.0,
+                   chunk: int = 4096) -> Iterator[tuple[list[int], list[bytes]]]:
+        """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
+        of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`."""
+        self.assign({partition: start})
+        offsets: list[int] = []
+        values: list[bytes] = []
+        next_offset = start
+        deadline = time.monotonic() + timeout_s
+        while next_offset < end:
+            got = False
+            for msg in self._consume(min(10_000, end - next_offset), 1.0):
+                offset = msg.offset
+                if offset < next_offset or offset >= end:
+                    continue
+                offsets.append(offset)
+                values.append(msg.value)
+                next_offset, got = offset + 1, True
+                if len(offsets) >= chunk:
+                    yield offsets, values
+                    offsets, values = [], []
+            if got:
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"bus {self.topic}[{partition}]: offsets {next_offset}..{end} "
+                                   f"not readable within {timeout_s:.0f} s")
+        if offsets:
+            yield offsets, values
+
+    def end_offset(self, partition: int, timeout_s: float = 20.0) -> int:
+        """The offset after the partition's last record now (its high watermark)."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=timeout_s)
+        except KafkaException as e:
+            raise BusReadError(f"bus {self.topic}[{partition}]: {redact(str(e))}") from None
+        return int(high)
+
+    def read_at(self, partition: int, offset: int, timeout_s: float = 20.0) -> BusMessage | None:
+        """The record at `offset`, None when the partition ends before it; TimeoutError
+        when the broker does not answer within `timeout_s`."""
+        return next(self.read_to_end(partition, offset, timeout_s, batch=1), None)
+
+    def read_to_end(self, partition: int, start: int, timeout_s: float = 20.0,
+                    batch: int = 10_000) -> Iterator[BusMessage]:
+        """The records from `start` until the partition's end; TimeoutError when the end
+        is not reached within `timeout_s`."""
+        self.assign({partition: start})
+        deadline = time.monotonic() + timeout_s
+        while partition not in self.at_end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bus {self.topic}[{partition}]: reading from offset {start}, "
+                                   f"the end was not reached within {timeout_s:.0f} s")
+            # A short wait: a batch that does not fill up returns only when the wait is over
+            # (librdkafka), and the end usually comes before `batch` records.
+            yield from self.poll(batch, 0.05)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

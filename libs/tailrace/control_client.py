@@ -5,11 +5,16 @@ Errors follow one table: UNAVAILABLE and DEADLINE_EXCEEDED are retried for up to
 RESOURCE_EXHAUSTED, ABORTED, INTERNAL and unknown codes are `ControlUnavailable` at once;
 INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS, OUT_OF_RANGE,
 UNAUTHENTICATED and PERMISSION_DENIED are `ControlRefused` (a `NonRetryableError`): the
-message says what to fix.
+message says what to fix. A TLS mismatch (a plaintext client of a TLS server, an untrusted
+certificate, a missing client certificate) is `ControlTlsError` (a `ConfigError`) at once,
+not an endless retry of "Socket closed" (`control_tls.py`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from tailrace.control_tls import SPEC_SETTINGS, ClientTls, ControlTlsError, TlsSettings, diagnose
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
@@ -33,9 +39,11 @@ _REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITIO
 VERDICTS = {pb.IDENTITY_FIRST_SEEN: "first_seen", pb.IDENTITY_SAME: "same",
             pb.IDENTITY_CHANGED: "changed"}
 HEALTH_STATES = {"running": pb.HEALTH_RUNNING, "position_lost": pb.HEALTH_POSITION_LOST,
-                 "failed": pb.HEALTH_FAILED, "paused": pb.HEALTH_PAUSED}
+                 "failed": pb.HEALTH_FAILED, "paused": pb.HEALTH_PAUSED,
+                 "degraded": pb.HEALTH_DEGRADED}
 PIPELINE_STATES = {pb.PIPELINE_UNKNOWN: "unknown", pb.PIPELINE_RUNNING: "running",
-                   pb.PIPELINE_PAUSED: "paused", pb.PIPELINE_FAILED: "failed"}
+                   pb.PIPELINE_PAUSED: "paused", pb.PIPELINE_FAILED: "failed",
+                   pb.PIPELINE_DEGRADED: "degraded"}
 OVERFLOW = {"drop_oldest": pb.OVERFLOW_DROP_OLDEST, "reject": pb.OVERFLOW_REJECT,
             "block": pb.OVERFLOW_BLOCK}
 
@@ -114,22 +122,40 @@ def _secret(value: object) -> str:
     return str(getter() if callable(getter) else value)
 
 
+def default_agent() -> str:
+    """`program host:pid`: what a client tells the control service it is (for the audit log)."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    return f"{program} {socket.gethostname()}:{os.getpid()}"
+
+
 class ControlClient:
     """Thin, typed wrapper; transient failures are retried for up to `retry_for` seconds.
 
-    `token`: sent as `authorization: Bearer <token>` (admin mutations need it when the
-    server has one). `root_cert`: PEM bytes, or a path to them, to talk TLS.
+    `token`: sent as `authorization: Bearer <token>` on every call (the service or the
+    admin token). `tls`: talk TLS (mutual with a client certificate); `root_cert` — PEM
+    bytes or a path — is the short form for TLS trusting one CA. `tls_settings` names the
+    client's TLS settings in the message a TLS mismatch gets (the spec's `control.tls` by
+    default). `agent` says who is calling, for the audit log (default `program host:pid`).
     """
 
     def __init__(self, address: str, timeout: float = 10.0, retry_for: float = 30.0,
-                 token: object | None = None, root_cert: bytes | str | None = None) -> None:
+                 token: object | None = None, root_cert: bytes | str | None = None,
+                 tls: ClientTls | None = None, tls_settings: TlsSettings = SPEC_SETTINGS,
+                 agent: str | None = None) -> None:
         self.address = address
-        if root_cert is not None:
+        if tls is None and root_cert is not None:
             pem = Path(root_cert).read_bytes() if isinstance(root_cert, str) else root_cert
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(pem))
+            tls = ClientTls(ca=pem)
+        self._tls = tls
+        self._tls_settings = tls_settings
+        if tls is not None:
+            self._channel = grpc.secure_channel(address, tls.credentials())
         else:
             self._channel = grpc.insecure_channel(address)
-        self._metadata = (("authorization", f"Bearer {_secret(token)}"),) if token else None
+        metadata = [("tailrace-client", agent or default_agent())]
+        if token:
+            metadata.append(("authorization", f"Bearer {_secret(token)}"))
+        self._metadata = tuple(metadata)
         self._checkpoints = rpc.CheckpointsStub(self._channel)
         self._epochs = rpc.EpochsStub(self._channel)
         self._commits = rpc.CommitsStub(self._channel)
@@ -137,6 +163,8 @@ class ControlClient:
         self._identities = rpc.IdentitiesStub(self._channel)
         self._dlq = rpc.DeadLettersStub(self._channel)
         self._admin = rpc.AdminStub(self._channel)
+        self._audit = rpc.AuditStub(self._channel)
+        self._snapshots = rpc.SnapshotsStub(self._channel)
         self._timeout = timeout
         self._retry_for = retry_for
 
@@ -155,14 +183,20 @@ class ControlClient:
     def _call(self, what: str, fn: Callable[..., T], request: object) -> T:
         deadline = time.monotonic() + self._retry_for
         delay = 0.1
+        next_look = 0.0  # a TLS probe is a connection of its own: at most one every 5 s
         while True:
             try:
                 return fn(request, timeout=self._timeout, metadata=self._metadata)
             except grpc.RpcError as e:
-                code, details = e.code(), e.details() or ""  # type: ignore[attr-defined]
+                code, details = e.code(), e.details() or ""
                 message = f"control service at {self.address}: {what} failed: {code.name}: {details}"
                 if code in _REFUSED:
                     raise ControlRefused(message, code, details) from None
+                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() >= next_look:
+                    next_look = time.monotonic() + 5.0
+                    mismatch = diagnose(self.address, details, self._tls, self._tls_settings)
+                    if mismatch is not None:
+                        raise ControlTlsError(mismatch, code, details) from None
                 if code not in _RETRIED or time.monotonic() > deadline:
                     raise ControlUnavailable(message, code, details) from None
                 time.sleep(delay)
@@ -281,11 +315,20 @@ class ControlClient:
         return list(r.records)
 
     def report_health(self, subject_id: str, state: str, reason: str = "") -> None:
-        """`state`: running | position_lost | failed | paused."""
+        """`state`: running | position_lost | failed | paused | degraded."""
         if state not in HEALTH_STATES:
             raise ValueError(f"health state {state!r}: use one of {', '.join(HEALTH_STATES)}")
         self._call("report health", self._identities.ReportHealth, pb.HealthReport(
             subject_id=subject_id, state=HEALTH_STATES[state], reason=reason))
+
+    def report_pipeline_health(self, pipeline: str, state: str, reason: str = "",
+                               sinks: Sequence[pb.SinkHealth] = ()) -> None:
+        """A pipeline's health (as `report_health`) with each sink that failed its last batch:
+        its last error, since when, how many batches in a row."""
+        if state not in HEALTH_STATES:
+            raise ValueError(f"health state {state!r}: use one of {', '.join(HEALTH_STATES)}")
+        self._call("report health", self._identities.ReportHealth, pb.HealthReport(
+            subject_id=pipeline, state=HEALTH_STATES[state], reason=reason, sinks=sinks))
 
     def get_health(self, subject_id: str) -> pb.HealthReport | None:
         r = self._call("get health", self._identities.GetHealth,
@@ -382,12 +425,14 @@ class ControlClient:
             elif isinstance(sink, Mapping):
                 sid, kind, required = sink["id"], sink.get("type", ""), sink.get("required", True)
             else:
-                sid, kind, required = sink.id, sink.type, sink.required  # type: ignore[attr-defined]
+                item: Any = sink  # a sink spec
+                sid, kind, required = item.id, item.type, item.required
             info.sinks.append(pb.SinkInfo(id=sid, type=kind, required=bool(required)))
         return self._call("register pipeline", self._admin.RegisterPipeline, info).pipeline
 
     def pipeline_state(self, name: str) -> tuple[str, str]:
-        """(state, reason); state: running | paused | failed | unknown (not registered)."""
+        """(state, reason); state: running | paused | failed | degraded | unknown (not
+        registered)."""
         r = self._call("pipeline state", self._admin.GetPipeline, pb.PipelineRef(name=name))
         return PIPELINE_STATES.get(r.state, "unknown"), r.reason
 
@@ -417,3 +462,41 @@ class ControlClient:
         elif to_sequence is not None:
             request.to_sequence = to_sequence
         return self._call("rewind", self._admin.Rewind, request)
+
+    # audit
+    def list_audit(self, role: str = "", pipeline: str = "", limit: int = 100
+                   ) -> list[pb.AuditRecord]:
+        """The newest `limit` audit records, oldest first (admin token); `role`: admin,
+        service or none; empty = all."""
+        r = self._call("list audit records", self._audit.List,
+                       pb.ListAuditRequest(role=role, pipeline=pipeline, limit=limit))
+        return list(r.records)
+
+    # snapshots (docs/snapshots.md)
+    def snapshot_state(self, pipeline: str) -> pb.SnapshotState:
+        """The pipeline's snapshot work and progress (version 0: never stored)."""
+        return self._call("snapshot state", self._snapshots.Get,
+                          pb.SnapshotRef(pipeline=pipeline))
+
+    def update_snapshot(self, state: pb.SnapshotState, expected_version: int
+                        ) -> pb.UpdateSnapshotResponse:
+        """Capture's progress; `updated` false means it moved: merge into `state` and retry."""
+        return self._call("update snapshot", self._snapshots.Update,
+                          pb.UpdateSnapshotRequest(state=state,
+                                                   expected_version=expected_version))
+
+    def request_snapshot(self, pipeline: str, tables: Sequence[str] = (), where: str = ""
+                         ) -> pb.SnapshotState:
+        """Queue tables (empty: every captured table) for a snapshot (admin token)."""
+        return self._call("request snapshot", self._snapshots.Request,
+                          pb.SnapshotRequest(pipeline=pipeline, tables=list(tables), where=where))
+
+    def cancel_snapshot(self, pipeline: str, tables: Sequence[str] = ()) -> pb.SnapshotState:
+        return self._call("cancel snapshot", self._snapshots.Cancel,
+                          pb.CancelSnapshotRequest(pipeline=pipeline, tables=list(tables)))
+
+    def resnapshot(self, pipeline: str, confirm: str) -> pb.SnapshotState:
+        """Accept the source's server as it is now and read every table again (admin token;
+        the pipeline paused; `confirm` = its source id)."""
+        return self._call("resnapshot", self._snapshots.Resnapshot,
+                          pb.ResnapshotRequest(pipeline=pipeline, confirm=confirm))

@@ -13,7 +13,24 @@ Debezium values are shown the way Debezium shows them by default (time precision
 epoch, `time` as microseconds since midnight, bytes as base64, JSON as text. Decimals
 are exact strings, as Debezium's `decimal.handling.mode=string`, never doubles. A
 PostgreSQL TOAST value the server did not send is Debezium's placeholder
-`__debezium_unavailable_value`. Deletes are not followed by a tombstone.
+`__debezium_unavailable_value`.
+
+Message keys (`Encoder.key`, used by the Kafka sink): `key_bytes` (`{"pk", "table"}`)
+for every envelope but `debezium`, whose key is Debezium's key document
+`{"schema": {<server>.<db>.<schema>.<table>.Key struct}, "payload": {<key columns>}}`.
+The key columns are the table's primary key (or replica-identity index) whatever the
+replica identity; a table without a key gets a struct without fields (Debezium sends a
+null key there, which would scatter one table's messages over the partitions).
+
+Debezium options (`Encoder(..., schemas=, tombstones=)`, the `debezium` envelope only):
+- `schemas=False` is Debezium's JsonConverter with `schemas.enable=false`: key and value
+  are the bare payloads (`{"id": 5}`, `{"before": …, "op": …}`), never one without the other;
+- `tombstones=True` is Debezium's `tombstones.on.delete=true`: `Encoder.records` follows
+  a delete with a tombstone, the same key and a null value, so a compacted topic can drop
+  the row (not for a table without a key: its one key would drop the whole table);
+- an update that changes the key is, as Debezium sends it, a delete of the old key (its
+  header `__debezium.newkey` = the new key), a tombstone, and a create of the new key
+  (header `__debezium.oldkey`); keys in those headers are bare payloads.
 
 An `Encoder` encodes a batch: it counts `transaction.data_collection_order` (the
 event's number among the events of its table in its transaction), which is exact
@@ -27,11 +44,20 @@ import datetime as dt
 import functools
 import json
 import re
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
-from tailrace.events import ChangeEvent, Column, Op, Row, Value, event_to_json_dict, key_bytes
+from tailrace.events import (
+    ChangeEvent,
+    Column,
+    Op,
+    Row,
+    Value,
+    event_to_json_dict,
+    key_bytes,
+    key_values,
+)
 from tailrace.events._codec import op_name
 
 __all__ = [
@@ -39,8 +65,11 @@ __all__ = [
     "ENVELOPES",
     "EnvelopeName",
     "Encoder",
+    "Record",
+    "changes_key",
     "cloudevent",
     "debezium",
+    "debezium_key",
     "encode",
 ]
 
@@ -70,14 +99,31 @@ def encode(event: ChangeEvent, envelope: str = "native") -> bytes:
     return Encoder(envelope).encode(event)
 
 
+@dataclass(frozen=True)
+class Record:
+    """One message of an event. `value` None is a tombstone; `part` names a message that
+    is not the event itself (`tombstone`, or `delete` for the old key of a key change)."""
+
+    key: bytes
+    value: bytes | None
+    part: str = ""
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
 class Encoder:
     """Encodes the events of a batch in order, in one envelope."""
 
-    def __init__(self, envelope: str = "native") -> None:
+    def __init__(self, envelope: str = "native", *, schemas: bool = True,
+                 tombstones: bool = False) -> None:
         if envelope not in ENVELOPES:
             raise ValueError(f"unknown envelope {envelope!r}; use one of {', '.join(ENVELOPES)}")
+        if envelope != "debezium" and (tombstones or not schemas):
+            raise ValueError(f"schemas=False and tombstones=True are debezium options; the "
+                             f"envelope is {envelope!r}: drop them or use envelope debezium")
         self.envelope = envelope
         self.content_type = CONTENT_TYPES[envelope]
+        self.schemas = schemas
+        self.tombstones = tombstones
         self._tx: str | None = None
         self._per_table: dict[str, int] = {}
 
@@ -88,10 +134,35 @@ class Encoder:
             return event.SerializeToString()
         if self.envelope == "cloudevents":
             return _dumps(cloudevent(event))
-        return _debezium_bytes(event, self._collection_order(event))
+        return _debezium_bytes(event, self._collection_order(event), self.schemas)
 
-    def encode_all(self, events: Sequence[ChangeEvent]) -> list[bytes]:
-        return [self.encode(e) for e in events]
+    def key(self, event: ChangeEvent) -> bytes:
+        """The message key that goes with the envelope (see the module's docstring)."""
+        if self.envelope == "debezium":
+            return _debezium_key_bytes(event, self.schemas)
+        return key_bytes(event)
+
+    def records(self, event: ChangeEvent) -> list[Record]:
+        """The keyed messages of one event, in order (see the module's docstring)."""
+        if self.envelope == "debezium" and changes_key(event):
+            return self._key_change(event)
+        key = self.key(event)
+        records = [Record(key, self.encode(event))]
+        if self.tombstones and event.op == Op.OP_DELETE and event.key_columns:
+            records.append(Record(key, None, "tombstone"))
+        return records
+
+    def _key_change(self, event: ChangeEvent) -> list[Record]:
+        order = self._collection_order(event)
+        old, new = _as_op(event, Op.OP_DELETE), _as_op(event, Op.OP_INSERT)
+        old_key, new_key = (_debezium_key_bytes(e, self.schemas) for e in (old, new))
+        records = [Record(old_key, _debezium_bytes(old, order, self.schemas), "delete",
+                          (("__debezium.newkey", _debezium_key_bytes(new, False)),))]
+        if self.tombstones:
+            records.append(Record(old_key, None, "tombstone"))
+        records.append(Record(new_key, _debezium_bytes(new, order, self.schemas), "",
+                              (("__debezium.oldkey", _debezium_key_bytes(old, False)),)))
+        return records
 
     def _collection_order(self, event: ChangeEvent) -> int:
         if event.tx_id != self._tx or event.tx_index == 0:
@@ -103,6 +174,25 @@ class Encoder:
 
 def _qualified(event: ChangeEvent) -> str:
     return ".".join(p for p in (event.database, event.schema, event.table) if p)
+
+
+def changes_key(event: ChangeEvent) -> bool:
+    """True for an update whose before- and after-images hold different key values."""
+    if event.op != Op.OP_UPDATE or not event.key_columns:
+        return False
+    keys = set(event.key_columns)
+    old = {c.name: c.value for c in event.before.columns if c.name in keys}
+    new = {c.name: c.value for c in event.after.columns if c.name in keys}
+    return len(old) == len(new) == len(keys) and old != new
+
+
+def _as_op(event: ChangeEvent, op: Op) -> ChangeEvent:
+    """A copy of `event` as a delete (before-image only) or a create (after-image only)."""
+    part = ChangeEvent()
+    part.CopyFrom(event)
+    part.op = op
+    part.ClearField("after" if op == Op.OP_DELETE else "before")
+    return part
 
 
 # -- CloudEvents ----------------------------------------------------------------------
@@ -147,13 +237,15 @@ def debezium(event: ChangeEvent, *, data_collection_order: int = 1,
     return {"schema": _envelope_schema(event)[0], "payload": payload}
 
 
-def _debezium_bytes(event: ChangeEvent, data_collection_order: int) -> bytes:
+def _debezium_bytes(event: ChangeEvent, data_collection_order: int,
+                    with_schema: bool = True) -> bytes:
     """`debezium()` serialized, with the (cached) schema spliced in as ready JSON."""
     if event.op == Op.OP_DDL:
-        return _dumps(_schema_change(event, True))
-    schema = _envelope_schema(event)[1]
-    return b'{"schema":' + schema + b',"payload":' + _dumps(_payload(event, data_collection_order)) \
-        + b"}"
+        return _dumps(_schema_change(event, with_schema))
+    payload = _dumps(_payload(event, data_collection_order))
+    if not with_schema:
+        return payload
+    return b'{"schema":' + _envelope_schema(event)[1] + b',"payload":' + payload + b"}"
 
 
 def _payload(event: ChangeEvent, data_collection_order: int) -> dict[str, Any]:
@@ -175,6 +267,39 @@ def _payload(event: ChangeEvent, data_collection_order: int) -> dict[str, Any]:
             "data_collection_order": data_collection_order,
         },
     }
+
+
+def debezium_key(event: ChangeEvent, *, with_schema: bool = True) -> dict[str, Any]:
+    """Debezium's message key: `{"schema": <Key struct>, "payload": {column: value}}`, or
+    the payload alone."""
+    columns = key_values(event)
+    payload = {c.name: _value(c.value) for c in columns}
+    if not with_schema:
+        return payload
+    return {"schema": _key_schema(event, columns)[0], "payload": payload}
+
+
+def _debezium_key_bytes(event: ChangeEvent, with_schema: bool = True) -> bytes:
+    columns = key_values(event)
+    payload = _dumps({c.name: _value(c.value) for c in columns})
+    if not with_schema:
+        return payload
+    return b'{"schema":' + _key_schema(event, columns)[1] + b',"payload":' + payload + b"}"
+
+
+def _key_schema(event: ChangeEvent, columns: list[Column]) -> tuple[dict[str, Any], bytes]:
+    shape = ("key", event.source_id, _qualified(event),
+             tuple((c.name, c.type, c.value.WhichOneof("kind")) for c in columns))
+    cached = _SCHEMAS.get(shape)
+    if cached is None:
+        schema = {"type": "struct", "optional": False,
+                  "name": f"{event.source_id}.{_qualified(event)}.Key",
+                  "fields": [{**_column_schema(c), "optional": False, "field": c.name}
+                             for c in columns]}
+        if len(_SCHEMAS) >= _MAX_SCHEMAS:
+            _SCHEMAS.clear()
+        cached = _SCHEMAS[shape] = (schema, _dumps(schema))
+    return cached
 
 
 # Envelope schemas by table shape: most events of a table share one, so it is built and
@@ -253,7 +378,8 @@ def _source(event: ChangeEvent) -> dict[str, Any]:
         "ts_ms": ts_us // 1000,
         "ts_us": ts_us,
         "ts_ns": ts_us * 1000,
-        "snapshot": "true" if event.op == Op.OP_SNAPSHOT_READ else "false",
+        "snapshot": ("false" if event.op != Op.OP_SNAPSHOT_READ
+                     else "last" if event.snapshot.last else "true"),
         "db": event.database,
     }
     if connector == "postgresql":

@@ -25,6 +25,11 @@ class RetryableError(TailraceError):
     """Transient: back off and retry."""
 
 
+class SourceLostError(RetryableError):
+    """The connection to the source's log broke; everything read before it is good. Capture
+    finishes publishing that, then reconnects and continues after it."""
+
+
 class NonRetryableError(TailraceError):
     """Permanent for this input: retrying will not help."""
 

@@ -1,7 +1,8 @@
 """The HTTP side port every service serves beside its real work.
 
 - `/health`: 200 `ok`, or 503 with `{"status": "unhealthy", "reason": ...}` (a lost source
-  position, a fatal pipeline error);
+  position, a failed pipeline); a check may answer a `Health` with another status (the
+  delivery service says `degraded` while it restarts without progress);
 - `/ready`: 200 `ready` once the service can do its job, 503 before;
 - `/metrics`: Prometheus text from the default registry.
 
@@ -15,12 +16,25 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from tailrace.logs import get_logger, redact
 
 log = get_logger(__name__)
+
+
+class ThreadingHTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class Health(NamedTuple):
+    """What `/health` answers: 200 when `ok`, else 503 with `status` and `reason`."""
+
+    ok: bool
+    reason: str
+    status: str = "unhealthy"
 
 
 class HttpSide:
@@ -45,20 +59,22 @@ class HttpSide:
         self._thread.join(5)
 
 
-def start_http_side(port: int, health: Callable[[], tuple[bool, str]],
+def start_http_side(port: int, health: Callable[[], tuple[bool, str] | Health],
                     ready: Callable[[], bool], host: str = "127.0.0.1") -> HttpSide:
-    """Serve /health, /ready and /metrics on `host:port` (0 = a free port) in a thread."""
+    """Serve /health, /ready and /metrics on `host:port` (0 = a free port) in a thread.
+    `health` answers `(ok, reason)` or a `Health`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             path = self.path.split("?", 1)[0]
             try:
                 if path == "/health":
-                    ok, reason = health()
-                    if ok:
+                    answer = Health(*health())
+                    if answer.ok:
                         self._send(200, b"ok\n", "text/plain; charset=utf-8")
                     else:
-                        body = json.dumps({"status": "unhealthy", "reason": redact(reason)})
+                        body = json.dumps({"status": answer.status,
+                                           "reason": redact(answer.reason)})
                         self._send(503, body.encode() + b"\n", "application/json")
                 elif path == "/ready":
                     if ready():
@@ -87,8 +103,7 @@ def start_http_side(port: int, health: Callable[[], tuple[bool, str]],
 
     server_class = ThreadingHTTPServer
     if ":" in host:  # an IPv6 address such as "::"
-        server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,),
-                            {"address_family": socket.AF_INET6})
+        server_class = ThreadingHTTPServer6
     try:
         server = server_class((host, port), Handler)
     except OSError as e:

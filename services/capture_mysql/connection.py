@@ -13,28 +13,41 @@ naming the setting and how to change it:
 
 `read_facts` gathers what identity and reachability need in one place, so the
 decisions made from them (`identity.py`, `position.py`) are plain functions.
+
+TLS comes from the DSN's query options, as PyMySQL's `ssl` argument (`ssl_settings`):
+
+    mysql://user:password@db:3306/?ssl_ca=/ca.pem&ssl_cert=/client.pem&ssl_key=/client.key
+
+- `ssl_ca` / `ssl_capath`: trust; with one of them the server's certificate and host name
+  are verified (`ssl_verify_cert=false`, `ssl_verify_identity=false` relax that);
+- `ssl_cert`, `ssl_key` (and `ssl_key_password` for an encrypted key): a client certificate;
+- `ssl_cipher`: the cipher list.
+
+Any of them turns TLS on. An unknown `ssl_…` option is refused, never ignored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pymysql
 
-from tailrace.errors import ConfigError, NonRetryableError, RetryableError, SourceConfigurationError
+from tailrace.errors import ConfigError, SourceConfigurationError
 from tailrace.logs import get_logger, redact
+from tailrace_services.capture_mysql.errors import connect_error
 from tailrace_services.capture_mysql.gtid import (
     Flavor,
     MariadbBinlogState,
     MariadbGtidPosition,
     MysqlGtidSet,
 )
-from tailrace_services.capture_mysql.stream import BinlogHeader, read_binlog_header
+from tailrace_services.capture_mysql.reader import BinlogHeader, read_binlog_header
 
-__all__ = ["REQUIRED_SETTINGS", "ConnectionSettings", "ServerFacts", "check_settings", "connect",
-           "read_facts"]
+__all__ = ["REQUIRED_SETTINGS", "SSL_OPTIONS", "ConnectionSettings", "ServerFacts",
+           "check_settings", "connect", "one_row", "read_facts", "ssl_settings"]
 
 log = get_logger(__name__)
 
@@ -43,7 +56,11 @@ REQUIRED_SETTINGS = {
     "binlog_row_image": "FULL",
     "binlog_row_metadata": "FULL",
 }
-_PERMANENT_CONNECT = (1044, 1045, 1049, 1251)  # access denied, unknown database, auth plugin
+_FILES = {"ssl_ca": "ca", "ssl_capath": "capath", "ssl_cert": "cert", "ssl_key": "key",
+          "ssl_key_password": "password", "ssl_cipher": "cipher"}
+_FLAGS = {"ssl_verify_cert": "verify_mode", "ssl_verify_identity": "check_hostname"}
+SSL_OPTIONS = (*_FILES, *_FLAGS)
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -76,12 +93,34 @@ class ConnectionSettings:
         """pymysql.connect / BinLogStreamReader connection settings (holds the password)."""
         out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
                                "password": self.password}
-        if "ssl_ca" in self.options:
-            out["ssl"] = {"ca": self.options["ssl_ca"]}
+        ssl = ssl_settings(self.options)  # ssl_ca, ssl_cert, ssl_key, ssl_verify_cert, ...
+        if ssl is not None:
+            out["ssl"] = ssl
         return out
 
     def describe(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+
+def ssl_settings(options: Mapping[str, str]) -> dict[str, Any] | None:
+    """PyMySQL's `ssl` dict from the DSN options; None when the DSN asks for no TLS."""
+    unknown = sorted(k for k in options if k.startswith("ssl") and k not in SSL_OPTIONS)
+    if unknown:
+        raise ConfigError(f"spec.source.dsn: unknown option(s) {', '.join(unknown)}; the TLS "
+                          f"options are {', '.join(SSL_OPTIONS)}")
+    ssl: dict[str, Any] = {key: options[name] for name, key in _FILES.items() if options.get(name)}
+    for name, key in _FLAGS.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        if value.lower() not in (*_TRUE, *_FALSE):
+            raise ConfigError(f"spec.source.dsn: {name}={value!r} is not true or false")
+        ssl[key] = value.lower() in _TRUE
+    if not ssl:
+        return None
+    if "key" in ssl and "cert" not in ssl:
+        raise ConfigError("spec.source.dsn: ssl_key needs ssl_cert (the client certificate)")
+    return ssl
 
 
 def connect(settings: ConnectionSettings, timeout: float = 10.0) -> pymysql.connections.Connection:
@@ -90,11 +129,7 @@ def connect(settings: ConnectionSettings, timeout: float = 10.0) -> pymysql.conn
         return pymysql.connect(**settings.kwargs(), autocommit=True, connect_timeout=timeout,
                                read_timeout=30, write_timeout=30, charset="utf8mb4")
     except pymysql.err.MySQLError as e:
-        code = e.args[0] if e.args and isinstance(e.args[0], int) else 0
-        text = redact(f"cannot connect to {settings.describe()}: {e.args[-1] if e.args else e}")
-        if code in _PERMANENT_CONNECT:
-            raise NonRetryableError(text) from None
-        raise RetryableError(text) from None
+        raise connect_error(e, settings.describe()) from None
 
 
 def _variables(conn: pymysql.connections.Connection, names: list[str]) -> dict[str, str]:
@@ -140,6 +175,7 @@ class ServerFacts:
     gtid_binlog_pos: MariadbGtidPosition = field(default_factory=MariadbGtidPosition)
     gtid_binlog_state: MariadbBinlogState = field(default_factory=MariadbBinlogState)
     first_binlog: BinlogHeader | None = None  # MariaDB: creation time and Gtid_list
+    datadir_created: int = 0  # MariaDB: when mariadb-install-db made the data directory
 
     @property
     def oldest_binlog(self) -> str:
@@ -150,12 +186,20 @@ class ServerFacts:
         return self.binlogs[-1] if self.binlogs else ""
 
 
+def one_row(cur: pymysql.cursors.Cursor) -> tuple[Any, ...]:
+    """The row of a query that always returns one (functions, server variables)."""
+    row = cur.fetchone()
+    if row is None:
+        raise pymysql.err.DataError("the server returned no row")
+    return row
+
+
 def read_facts(conn: pymysql.connections.Connection, settings: ConnectionSettings,
                replica_server_id: int, source_id: str) -> ServerFacts:
     """Check the settings, then read version, ids, GTID state and the binlog list."""
     with conn.cursor() as cur:
         cur.execute("SELECT VERSION(), @@server_id")
-        version, server_id = cur.fetchone()
+        version, server_id = one_row(cur)
     flavor: Flavor = "mariadb" if "mariadb" in str(version).lower() else "mysql"
     names = ["log_bin", *REQUIRED_SETTINGS]
     names += (["gtid_binlog_pos", "gtid_binlog_state"] if flavor == "mariadb"
@@ -174,19 +218,13 @@ def read_facts(conn: pymysql.connections.Connection, settings: ConnectionSetting
             gtid_purged=MysqlGtidSet.parse(variables.get("gtid_purged", "")))
     first = read_binlog_header(settings.kwargs(), replica_server_id, binlogs[0]) \
         if binlogs else None
+    with conn.cursor() as cur:  # a system table's creation time: made with the data directory
+        cur.execute("SELECT UNIX_TIMESTAMP(CREATE_TIME) FROM information_schema.TABLES "
+                    "WHERE TABLE_SCHEMA = 'mysql' AND TABLE_NAME = 'global_priv'")
+        row = cur.fetchone()
     return ServerFacts(
         flavor=flavor, version=str(version), server_id=int(server_id), binlogs=binlogs,
         gtid_binlog_pos=MariadbGtidPosition.parse(variables.get("gtid_binlog_pos", "")),
         gtid_binlog_state=MariadbBinlogState.parse(variables.get("gtid_binlog_state", "")),
-        first_binlog=first)
+        first_binlog=first, datadir_created=int(row[0]) if row and row[0] else 0)
 
-
-def binlog_gtid_pos(conn: pymysql.connections.Connection, file: str, offset: int
-                    ) -> MariadbGtidPosition | None:
-    """MariaDB `BINLOG_GTID_POS(file, offset)`: the GTID position at that point, None if none."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
-        row = cur.fetchone()
-    if row is None or row[0] is None:
-        return None
-    return MariadbGtidPosition.parse(str(row[0]))

@@ -1,4 +1,17 @@
-"""Decoded binlog changes -> `ChangeEvent`s, with schema versions and deterministic ids.
+"""Decoded binlog changes -> `ChangeEvent`s, transaction by transaction, for the assembler.
+
+`ChangeFeed` reads one binlog session (`reader.py`) and yields what the shared
+assembler (`tailrace_services.capture.assembler`) buffers and publishes: BEGIN, the
+events of each row event of a selected table, a Commit that stamps them with the
+position after the transaction, IDLE on a server heartbeat. MySQL's own rules happen
+here:
+
+- DDL on a selected table registers its new structure and becomes a `ddl` event;
+  TRUNCATE a `truncate` event (`schema.SchemaTracker.after_ddl`, `tables.ddl_targets`);
+- rows a STATEMENT or MIXED session changed arrive as statement text, which capture
+  cannot turn into row changes: on a selected table (or one whose triggers may write
+  one, or when the statement does not tell) that is a loud stop before the
+  transaction is published, never a skip.
 
 An event's id is `event_id(source_id, gtid, index, commit_ms)`: the same
 transaction re-read after a restart, a reconnect or a failover to a replica
@@ -8,13 +21,34 @@ transaction re-read after a restart, a reconnect or a failover to a replica
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from tailrace.errors import PositionLostError
 from tailrace.events import ChangeEvent, Op, Position, Row, idempotency_key
 from tailrace.events import event_id as make_event_id
+from tailrace.logs import get_logger
+from tailrace.proto.event_pb2 import MysqlPosition
+from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
+from tailrace_services.capture.metrics import CaptureMetrics
+from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
 from tailrace_services.capture_mysql.position import CapturePosition
-from tailrace_services.capture_mysql.schema import TableShape
+from tailrace_services.capture_mysql.reader import (
+    BinlogStream,
+    Idle,
+    RowChange,
+    Statement,
+    TxBegin,
+    TxCommit,
+)
+from tailrace_services.capture_mysql.schema import SchemaTracker, TableShape
+from tailrace_services.capture_mysql.tables import TableFilter, ddl_targets, written_tables
 
-__all__ = ["EventFactory"]
+__all__ = ["ChangeFeed", "EventFactory"]
+
+log = get_logger(__name__)
 
 
 class EventFactory:
@@ -24,7 +58,7 @@ class EventFactory:
         self.source_id = source_id
         self.tenant = tenant
 
-    def change(self, shape: TableShape, sequence: int, op: int, before: Row, after: Row
+    def change(self, shape: TableShape, sequence: int, op: Op, before: Row, after: Row
                ) -> ChangeEvent:
         return ChangeEvent(
             source_id=self.source_id, tenant=self.tenant, database=shape.database,
@@ -66,3 +100,142 @@ class EventFactory:
         event.idempotency_key = idempotency_key(self.tenant, event.database, event.table,
                                                 event.tx_id, event.id)
         return event
+
+
+def _excerpt(query: str, limit: int = 120) -> str:
+    text = " ".join(query.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass
+class ChangeFeed:
+    """One binlog session's transactions as the assembler's feed, from `start`;
+    `server_id` and `identity` (of the server read) are recorded in every position."""
+
+    stream: BinlogStream
+    factory: EventFactory
+    schemas: SchemaTracker
+    tables: TableFilter
+    settings: ConnectionSettings  # for catalog queries (triggers)
+    metrics: CaptureMetrics
+    start: CapturePosition
+    server_id: int
+    identity: str
+
+    def items(self) -> Iterator[FeedItem]:
+        position = self.start
+        begin: TxBegin | None = None
+        for item in self.stream.items():
+            if isinstance(item, RowChange):
+                events = self._rows(item, position, begin)
+                if events:
+                    yield events
+            elif isinstance(item, TxBegin):
+                begin = item
+                yield BEGIN
+            elif isinstance(item, TxCommit):
+                position = position.after(
+                    gtid=item.gtid, gtid_set=item.gtid_set, file=item.file, offset=item.offset,
+                    file_created_unix=item.file_created_unix, server_id=self.server_id,
+                    identity=self.identity, prev_gtid=item.prev_gtid, tx_digest=item.digest)
+                yield self._commit(position, item.timestamp)
+                begin = None
+            elif isinstance(item, Statement):
+                yield from self._statement(item, self._next(position, begin))
+            elif isinstance(item, Idle):
+                yield IDLE
+
+    def _commit(self, position: CapturePosition, commit_ts: int) -> Commit:
+        factory, native = self.factory, position.to_proto()
+        captured_us = int(time.time() * 1_000_000)
+
+        def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+            return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
+                                 native=native, captured_us=captured_us)
+
+        return Commit(stamp, native, commit_ts * 1_000_000, position.gtid)
+
+    @staticmethod
+    def _next(position: CapturePosition, begin: TxBegin | None) -> Position:
+        """The position the open transaction will get (for schema registration)."""
+        gtid = begin.gtid if begin is not None else ""
+        return Position(tx_seq=position.tx_seq + 1, mysql=MysqlPosition(gtid=gtid))
+
+    def _rows(self, item: RowChange, position: CapturePosition, begin: TxBegin | None
+              ) -> list[ChangeEvent]:
+        event = item.event
+        self.metrics.log_bytes.inc(event.event_size)
+        if not self.tables.matches(event.schema, event.table):
+            return []
+        shape, decoder, sequence = self.schemas.for_rows(
+            event.schema, event.table, event.columns, self._next(position, begin))
+        rows, change, row = event.rows, self.factory.change, decoder.row
+        self.metrics.rows.inc(len(rows))
+        if isinstance(event, WriteRowsEvent):
+            return [change(shape, sequence, Op.OP_INSERT, row(None),
+                           row(r["values"], r["none_sources"])) for r in rows]
+        if isinstance(event, UpdateRowsEvent):
+            return [change(shape, sequence, Op.OP_UPDATE,
+                           row(r["before_values"], r["before_none_sources"]),
+                           row(r["after_values"], r["after_none_sources"])) for r in rows]
+        if isinstance(event, DeleteRowsEvent):
+            return [change(shape, sequence, Op.OP_DELETE, row(r["values"], r["none_sources"]),
+                           row(None)) for r in rows]
+        return []
+
+    def _statement(self, item: Statement, position: Position) -> Iterator[ChangeEvent]:
+        """DDL and TRUNCATE on selected tables become events; statement-based rows stop."""
+        self.metrics.log_bytes.inc(len(item.query))
+        self._refuse_statement_rows(item, position.mysql.gtid)
+        schemas, factory = self.schemas, self.factory
+        for target in ddl_targets(item.query, item.schema):
+            if not self.tables.matches(target.database, target.table):
+                continue
+            if target.kind == "truncate":
+                shape = schemas.latest.get((target.database, target.table))
+                seq = schemas.register(shape, position) if shape is not None else 0
+                yield factory.truncate(target.database, target.table, shape, seq)
+                continue
+            shape, seq = schemas.after_ddl(target.database, target.table,
+                                           position.mysql.gtid, position)
+            log.info("ddl", table=f"{target.database}.{target.table}", kind=target.kind)
+            yield factory.ddl(target.database, target.table, item.query, shape, seq)
+
+    def _refuse_statement_rows(self, item: Statement, gtid: str) -> None:
+        written = written_tables(item.query, item.schema)
+        if written == []:
+            return
+        selected = [f"{d}.{t}" for d, t in written or [] if self.tables.matches(d, t)]
+        triggered = self._with_triggers(written) if written and not selected else []
+        if written is not None and not selected and not triggered:
+            log.debug("statement-based change to tables not captured; skipped",
+                      tables=[f"{d}.{t}" for d, t in written], gtid=gtid, at=item.at)
+            return
+        what = (f"captured table {', '.join(selected)}" if selected else
+                f"table {', '.join(triggered)}, whose triggers may write captured tables"
+                if triggered else
+                "tables that cannot be told from the statement (a function or procedure "
+                "call may write captured tables)")
+        raise PositionLostError(
+            f"transaction {gtid} ({item.at}) changed {what} with a statement, not row events: "
+            f"the writing session used binlog_format STATEMENT or MIXED "
+            f"({_excerpt(item.query)!r}), and capture cannot turn a statement into row changes. "
+            "Make every session write binlog_format=ROW (a session may override the global "
+            "setting: revoke SUPER/BINLOG ADMIN from application users), then re-snapshot "
+            "the affected tables; the checkpoint stays before this transaction")
+
+    def _with_triggers(self, tables: list[tuple[str, str]]) -> list[str]:
+        """Of `tables`, those with triggers: a replayed statement fires them, capture cannot."""
+        conn = connect(self.settings)
+        try:
+            with conn.cursor() as cur:
+                found = []
+                for db, table in tables:
+                    cur.execute("SELECT 1 FROM information_schema.TRIGGERS WHERE "
+                                "EVENT_OBJECT_SCHEMA = %s AND EVENT_OBJECT_TABLE = %s LIMIT 1",
+                                (db, table))
+                    if cur.fetchone():
+                        found.append(f"{db}.{table}")
+                return found
+        finally:
+            conn.close()

@@ -28,12 +28,12 @@ from tailrace.control_client import ControlClient
 from tailrace.errors import FatalError
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import Position
-from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
-from tailrace_services.capture_mysql.decoder import RowDecoder
+from tailrace_services.capture_mysql.connection import ConnectionSettings, connect, one_row
 from tailrace_services.capture_mysql.gtid import MariadbGtid, MariadbGtidPosition, MysqlGtidSet
+from tailrace_services.capture_mysql.values import RowDecoder
 
-__all__ = ["ColumnShape", "SchemaTracker", "TableShape", "TypeHints", "catalog_shape",
-           "fingerprint", "shape_from_table_map"]
+__all__ = ["ColumnShape", "SchemaTracker", "TableShape", "TypeHints", "catalog_fingerprints",
+           "catalog_shape", "fingerprint", "shape_from_table_map"]
 
 log = get_logger(__name__)
 
@@ -64,8 +64,9 @@ class TableShape:
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
-        keys = [c.name for c in self.columns if c.key]
-        object.__setattr__(self, "key_columns", tuple(keys or [c.name for c in self.columns]))
+        # No primary key: no key columns (never every column), as on PostgreSQL: Kafka then
+        # keys by the table alone and the PostgreSQL sink refuses updates and deletes.
+        object.__setattr__(self, "key_columns", tuple(c.name for c in self.columns if c.key))
         object.__setattr__(self, "fingerprint", fingerprint(self))
 
     def schema_json(self) -> str:
@@ -227,6 +228,13 @@ def catalog_shape(conn: pymysql.connections.Connection, database: str, table: st
         for name, ctype, dtype, key in rows))
 
 
+def catalog_fingerprints(conn: pymysql.connections.Connection, tables: list[tuple[str, str]]
+                         ) -> dict[tuple[str, str], str]:
+    """(database, table) -> fingerprint, as the registry names them, from the catalog (the
+    drift check on a changed server, `tailrace_services.capture.drift`)."""
+    return {(db, table): catalog_shape(conn, db, table).fingerprint for db, table in tables}
+
+
 class SchemaTracker:
     """Table shapes of the stream, registered once per fingerprint; catalog hints per table."""
 
@@ -309,7 +317,7 @@ def _at_tail(conn: pymysql.connections.Connection, flavor: str, gtid: str) -> bo
     with conn.cursor() as cur:
         cur.execute("SELECT @@global.gtid_binlog_pos" if flavor == "mariadb"
                     else "SELECT @@global.gtid_executed")
-        (text,) = cur.fetchone()
+        (text,) = one_row(cur)
     if flavor == "mariadb":
         g = MariadbGtid.parse(gtid)
         current = MariadbGtidPosition.parse(str(text or "")).get(g.domain)

@@ -1,15 +1,27 @@
 """capture-postgres: logical replication with pgoutput through psycopg 3, published to the bus.
 
-The parts, in the order a change passes through them:
+The parts, with the same names and meanings as in capture-mysql:
 
-- `service.py`   the lifecycle: sessions, reconnect with backoff, health;
-- `identity.py`  who the server is (FirstSeen / Same / Changed) and the reconcile;
-- `position.py`  positions (timeline-qualified commit LSNs) and whether they still exist;
-- `tables.py`    table patterns and the publication, refreshed while streaming;
-- `replication.py` the walsender connection (COPY_BOTH, status updates, keepalives);
-- `decoder.py`, `values.py` pgoutput messages and typed column values;
-- `schema.py`    fingerprints, registration, drift (`on_schema_drift: adapt|halt`);
-- `events.py`    `ChangeEvent`s: rows, before-images, unchanged TOAST, ids;
-- `stream.py`    whole transactions (spilling), published with epochs; backpressure;
-- `metrics.py`   Prometheus metrics.
+- `connection.py` connecting: the walsender connection (COPY_BOTH, IDENTIFY_SYSTEM, status
+                  updates, keepalives), the server settings CDC needs, the facts about the
+                  server (`ServerFacts`: the slot, the timeline history);
+- `reader.py`     the log protocol: the pgoutput parser;
+- `values.py`     pgoutput column text -> typed values;
+- `events.py`     decoded changes -> `ChangeEvent`s (before-images, unchanged TOAST, ids),
+                  fed transaction by transaction to the shared assembler;
+- `schema.py`     table shapes and fingerprints (Relation messages, the catalog),
+                  registration and drift, and each table's key;
+- `position.py`   timeline-qualified commit LSNs <-> the bus `Position`, whether the
+                  server still has what follows our checkpoint, confirming the slot;
+- `identity.py`   who the server is (FirstSeen / Same / Changed) and the reconcile;
+- `tables.py`     table selection by pattern, and the publication;
+- `errors.py`     SQLSTATE tables and the error -> health mapping;
+- `service.py`    the wiring;
+- `history.py`    (PostgreSQL's own) the check that re-read WAL is the history we published.
+
+What both sources share is `tailrace_services.capture`.
 """
+
+from tailrace_services.capture_postgres.service import PostgresCapture
+
+__all__ = ["PostgresCapture"]

@@ -1,37 +1,89 @@
-"""Decoded pgoutput changes -> `ChangeEvent`s, with schema versions and deterministic ids.
+"""Decoded pgoutput changes -> `ChangeEvent`s, transaction by transaction, for the assembler.
+
+`ChangeFeed` reads one replication session and yields what the shared assembler
+(`tailrace_services.capture.assembler`) buffers and publishes: BEGIN, the events of
+each change, a Commit that stamps them, IDLE when nothing arrived. PostgreSQL's own
+rules happen here, in order:
+
+- transactions at or below the resume position were already checkpointed by every
+  sink and are skipped: a transaction's Begin carries its commit LSN, and
+  `commit LSN < resume` exactly when its end LSN is `<= resume` — in the history we
+  read before;
+- every commit, skipped or not, first goes through `HistoryCheck` (`history.py`),
+  which stops with a lost position when the re-read WAL is another history that
+  reuses our LSNs; each event's position names its transaction (xid, commit time)
+  for that;
+- the slot is confirmed by `position.SlotFeedback`, called before every read and
+  while the publisher waits for the bus.
+
+Keys: `key_columns` is the table's primary key, or its replica-identity index under
+USING INDEX, whatever the replica identity (`schema.py`); never every column.
 
 Before-images: with `REPLICA IDENTITY FULL` the server sends the whole old row of
 an update or delete, and `before` has every column; otherwise (DEFAULT, USING
 INDEX) it sends only the key columns — for an update only when the key changed —
 and `before` holds just the key columns (taken from the new row when the server
 sent no old one). A column the server did not send because its TOASTed value did
-not change carries `unchanged_toast`, never NULL.
+not change carries `unchanged_toast`, never NULL — except in the after-image of an
+update under FULL, where the old row has the value and it is copied from there.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+from tailrace.errors import FatalError
 from tailrace.events import (
+    UNCHANGED_TOAST,
     ChangeEvent,
     Op,
+    Position,
+    PostgresPosition,
     Row,
     idempotency_key,
     value_of,
 )
 from tailrace.events import event_id as make_event_id
-from tailrace_services.capture_postgres.decoder import Delete, Insert, Relation, Update
-from tailrace_services.capture_postgres.position import Timelines
+from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
+from tailrace_services.capture.metrics import CaptureMetrics
+from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
+from tailrace_services.capture_postgres.connection import ReplicationConnection, lsn_to_str
+from tailrace_services.capture_postgres.history import HistoryCheck
+from tailrace_services.capture_postgres.position import SlotFeedback, Timelines, tx_seq_of
+from tailrace_services.capture_postgres.reader import (
+    Begin,
+    Delete,
+    Insert,
+    LogicalMessage,
+    PgOutputDecoder,
+    Relation,
+    Truncate,
+    Update,
+)
+from tailrace_services.capture_postgres.reader import Commit as PgCommit
+from tailrace_services.capture_postgres.schema import SchemaTracker
 
-__all__ = ["EventFactory", "fill_row", "key_columns", "make_row"]
+__all__ = ["ChangeFeed", "EventFactory", "KeyOf", "fill_row", "fill_unchanged_toast", "make_row"]
+
+READ_TIMEOUT_S = 0.2
+_CHANGES = (Insert, Update, Delete)
 
 _INSERT, _UPDATE, _DELETE, _TRUNCATE = Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_TRUNCATE
 
+KeyOf = Callable[[Relation], list[str]]
+"""The key columns of a table's events (`schema.KeyCatalog.key_of`)."""
 
-def key_columns(relation: Relation) -> list[str]:
-    keys = [c.name for c in relation.columns if c.is_key]
-    return keys or [c.name for c in relation.columns]
+
+def fill_unchanged_toast(new: list[Any], old: list[Any]) -> list[Any]:
+    """`new` with each unchanged-TOAST marker replaced by the old row's value, where the
+    server sent one (a whole old row: REPLICA IDENTITY FULL). `new` itself if it has none."""
+    if not any(v is UNCHANGED_TOAST for v in new):
+        return new
+    return [o if n is UNCHANGED_TOAST and o is not UNCHANGED_TOAST else n
+            for n, o in zip(new, old, strict=True)]
 
 
 def make_row(relation: Relation, values: list[Any] | None, only: set[str] | None = None) -> Row:
@@ -53,17 +105,19 @@ def fill_row(row: Row, relation: Relation, values: list[Any], only: set[str] | N
 class EventFactory:
     """Builds the events of one transaction; ids and positions stamped when the commit is known."""
 
-    def __init__(self, source_id: str, tenant: str, database: str, timelines: Timelines) -> None:
+    def __init__(self, source_id: str, tenant: str, database: str, timelines: Timelines,
+                 key_of: KeyOf) -> None:
         self.source_id = source_id
         self.tenant = tenant
         self.database = database
         self.timelines = timelines
+        self.key_of = key_of
         self._keys: dict[int, tuple[Relation, list[str], set[str]]] = {}
 
     def _key_columns(self, relation: Relation) -> tuple[list[str], set[str]]:
         cached = self._keys.get(relation.oid)
         if cached is None or cached[0] is not relation:
-            keys = key_columns(relation)
+            keys = self.key_of(relation)
             cached = (relation, keys, set(keys))
             self._keys[relation.oid] = cached
         return cached[1], cached[2]
@@ -78,7 +132,10 @@ class EventFactory:
         elif isinstance(msg, Update):
             event = self.change(rel, _UPDATE, None, None, event_lsn, schema, keys)
             self._before(event.before, rel, msg.old, msg.new, msg.old_is_key_only, key_set)
-            fill_row(event.after, rel, msg.new)
+            new = msg.new
+            if msg.old is not None and not msg.old_is_key_only:  # a whole old row: FULL
+                new = fill_unchanged_toast(new, msg.old)
+            fill_row(event.after, rel, new)
         else:
             event = self.change(rel, _DELETE, None, None, event_lsn, schema, keys)
             self._before(event.before, rel, msg.old, None, msg.old_is_key_only, key_set)
@@ -93,7 +150,7 @@ class EventFactory:
         elif new is not None:
             fill_row(row, relation, new, keys)
 
-    def change(self, relation: Relation, op: int, before: Row | None, after: Row | None,
+    def change(self, relation: Relation, op: Op, before: Row | None, after: Row | None,
                event_lsn: int, schema: tuple[str, int] = ("", 0), keys: list[str] | None = None
                ) -> ChangeEvent:
         event = ChangeEvent(
@@ -115,7 +172,8 @@ class EventFactory:
         """Fill the transaction fields once the commit is known (`tx_seq`: see position.py).
 
         The id depends only on the source id, `tx_seq` and the index, so a transaction
-        re-read after a restart gets the same ids.
+        re-read after a restart gets the same ids. The position names its transaction
+        (xid, commit time), so a checkpoint can be recognised on re-read (`history.py`).
         """
         event.tx_id = str(xid)
         event.tx_index = index
@@ -124,7 +182,10 @@ class EventFactory:
         position = event.position
         position.tx_seq = tx_seq
         position.event_index = index
-        position.postgres.commit_lsn = end_lsn
+        postgres = position.postgres
+        postgres.commit_lsn = end_lsn
+        postgres.xid = xid
+        postgres.commit_ts_us = commit_ts_us
         event.ts_source_micros = commit_ts_us
         event.ts_captured_micros = time.time_ns() // 1000
         event.id = make_event_id(self.source_id, f"{tx_seq:X}", index, commit_ts_us // 1000)
@@ -133,3 +194,114 @@ class EventFactory:
             f"{event.schema}.{event.table}" if event.schema else event.table, event.tx_id,
             event.id)
         return event
+
+
+@dataclass
+class ChangeFeed:
+    """One replication session's pgoutput messages as the assembler's feed. `history`:
+    what the re-read must show (nothing by default); `tick` runs before every read (cheap:
+    the table watcher)."""
+
+    repl: ReplicationConnection
+    factory: EventFactory
+    schemas: SchemaTracker
+    feedback: SlotFeedback
+    metrics: CaptureMetrics
+    resume_lsn: int
+    history: HistoryCheck | None = None
+    tick: Callable[[], None] | None = None
+    _decoder: PgOutputDecoder = field(default_factory=PgOutputDecoder, init=False)
+
+    def items(self) -> Iterator[FeedItem | Watermark]:
+        """Read until the connection fails (the assembler stops pulling when stopped)."""
+        repl, decode, factory, schemas = self.repl, self._decoder.decode, self.factory, self.schemas
+        history = self.history or HistoryCheck(self.resume_lsn, [])
+        feedback, tick = self.feedback, self.tick
+        log_bytes, rows = self.metrics.log_bytes, self.metrics.rows
+        begin: Begin | None = None
+        skipping = False
+        changes = events = 0
+        while True:
+            feedback.keep_alive()
+            if tick is not None:
+                tick()
+            data = repl.read(timeout=READ_TIMEOUT_S)
+            if data is None:
+                if history.pending:  # everything sent before that point is handled
+                    history.on_wal_end(repl.server_wal_end)
+                yield IDLE
+                continue
+            if data.wal_end > feedback.received:
+                feedback.received = data.wal_end
+            log_bytes.inc(len(data.payload))
+            try:
+                msg = decode(data.payload)
+            except ValueError as e:
+                raise FatalError(f"cannot decode the pgoutput message at "
+                                 f"{lsn_to_str(data.data_start)}: {e}") from e
+            if isinstance(msg, _CHANGES):
+                if not skipping:
+                    changes += 1
+                    yield factory.from_change(msg, data.data_start, schemas.of(msg.relation))
+            elif isinstance(msg, Begin):
+                begin, changes, events = msg, 0, 0
+                skipping = msg.final_lsn < self.resume_lsn
+                yield BEGIN
+            elif isinstance(msg, PgCommit):
+                if begin is None:
+                    raise FatalError("the pgoutput stream sent a Commit without a Begin: "
+                                     "restart the capture service")
+                history.on_commit(begin.xid, begin.final_lsn, msg.end_lsn, msg.commit_ts_us)
+                if not skipping:
+                    rows.inc(changes)
+                    yield self._commit(begin, msg)
+                    if changes or events:  # published: the slot may be confirmed up to it
+                        feedback.published = max(feedback.published, msg.end_lsn)
+                begin = None
+            elif isinstance(msg, Relation):
+                schemas.on_relation(msg, self._seen_at(begin, data.data_start))
+            elif isinstance(msg, Truncate) and not skipping:
+                for rel in msg.relations:
+                    events += 1
+                    yield factory.truncate(rel, data.data_start, schemas.of(rel))
+            elif isinstance(msg, LogicalMessage) and begin is None and \
+                    msg.prefix == WATERMARK_PREFIX and not msg.transactional:
+                mark = self._watermark(msg)
+                if mark is not None:
+                    yield mark
+                    if mark.published:  # a read transaction sits at it
+                        feedback.published = max(feedback.published, msg.lsn + 1)
+
+    def _commit(self, begin: Begin, commit: PgCommit) -> Commit:
+        factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
+        timeline = factory.timelines.of(commit.commit_lsn)
+        tx_seq = tx_seq_of(timeline, end_lsn)
+
+        def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+            return factory.stamp(event, xid=xid, tx_seq=tx_seq, end_lsn=end_lsn,
+                                 commit_ts_us=ts, index=index, size=size)
+
+        position = Position(tx_seq=tx_seq, postgres=PostgresPosition(
+            commit_lsn=end_lsn, timeline=timeline, xid=xid, commit_ts_us=ts))
+        return Commit(stamp, position, ts, str(xid))
+
+    def _watermark(self, msg: LogicalMessage) -> Watermark | None:
+        """A snapshot watermark; a read transaction placed at it ends one byte after the
+        message's LSN: no commit ends there (WAL records start 8-byte aligned), so it sits
+        between the transactions before and after the message."""
+        parsed = parse_watermark(msg.content)
+        if parsed is None or msg.lsn < self.resume_lsn:
+            return None
+        timeline = self.factory.timelines.of(msg.lsn)
+        end = msg.lsn + 1
+        position = Position(tx_seq=tx_seq_of(timeline, end), postgres=PostgresPosition(
+            commit_lsn=end, event_lsn=msg.lsn, timeline=timeline))
+        return Watermark(parsed[0], parsed[1], position)
+
+    def _seen_at(self, begin: Begin | None, lsn: int) -> Position | None:
+        """Where a schema was first seen: just before the transaction that carries it."""
+        if begin is None:
+            return None
+        timeline = self.factory.timelines.of(begin.final_lsn)
+        return Position(tx_seq=tx_seq_of(timeline, begin.final_lsn), postgres=PostgresPosition(
+            commit_lsn=begin.final_lsn, event_lsn=lsn, timeline=timeline))

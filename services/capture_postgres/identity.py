@@ -1,19 +1,31 @@
 """Who the server is, checked on every (re)connect, and the reconcile when it changed.
 
 Identity is `system_identifier` + timeline (IDENTIFY_SYSTEM). A promoted standby
-keeps the system identifier and moves to a new timeline; an independent server
-on the same address has another system identifier. The control service answers
-FirstSeen (stored now), Same or Changed (DESIGN guarantee 9):
+or a point-in-time restore keeps the system identifier and moves to a new
+timeline; an independent server on the same address has another system
+identifier. A copy of the cluster that did not change timeline (a disk snapshot,
+a base backup started without recovery) has the very same identity: continuity
+is not decided by identity alone (`position.py`, `history.py`). The control
+service answers FirstSeen (stored now), Same or Changed (DESIGN guarantee 9):
 
-- FirstSeen and Same: the position is checked (`position.py`);
+- FirstSeen and Same: the position is checked (`position.check_position`);
 - Changed: before any event flows, the reconcile checks the position (a
-  different cluster cannot have our LSNs; a promoted standby must have our
-  slot and our checkpoint on its timeline), compares each table with its
-  latest registered schema, records a ReconcileRecord with the decision
-  (`resnapshot`, `halt` or `adapt`), and only on `adapt` stores the new identity.
+  different cluster never had our LSNs, whatever they say; the same cluster on
+  a new timeline must hold our checkpoint in its history, and our slot),
+  compares each table with its latest registered schema (the drift check both
+  sources share, `tailrace_services.capture.drift`), records a ReconcileRecord
+  with the decision (`resnapshot`, `halt` or `adapt`), and only on `adapt` stores
+  the new identity.
 
-A check that itself fails (a catalog query, the control service) logs a warning
-and lets capture continue; a lost position raises `PositionLostError`.
+Whatever the verdict, the stream then checks the re-read transactions against
+the ones we published (`history.HistoryCheck`) before it publishes anything.
+
+A check that itself fails (a catalog query, TIMELINE_HISTORY) is not an answer.
+On a known server (FirstSeen, Same) it logs a warning and capture continues,
+with the re-read still required to show our checkpoint's transaction. On a
+changed one it never leads to `adapt`: a transient failure retries the session,
+any other stops capture (`failed`, naming the server and the error), and the
+new identity stays unstored until the check has run.
 
 PostgreSQL 15 does not copy logical slots to standbys, so after promoting one the
 slot is missing and a position that sinks have checkpointed is lost: that is
@@ -23,31 +35,36 @@ reported, not papered over by creating a new slot that would start later.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from tailrace.control_client import ControlClient
 from tailrace.control_client import identity as identity_proto
-from tailrace.errors import PositionLostError, RetryableError
-from tailrace.lifecycle import reconcile_identity
+from tailrace.errors import FatalError, NonRetryableError, PositionLostError, RetryableError
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import ServerIdentity
-from tailrace_services.capture_postgres.position import (
-    Resume,
-    check_slot,
-    check_timeline,
-    read_slot,
+from tailrace_services.capture.drift import find_drift
+from tailrace_services.capture.lifecycle import reconcile_identity
+from tailrace_services.capture_postgres.connection import (
+    ReplicationConnection,
+    ServerFacts,
+    SystemIdentity,
+    lsn_to_str,
+    read_facts,
 )
-from tailrace_services.capture_postgres.replication import ReplicationConnection, SystemIdentity
-from tailrace_services.capture_postgres.schema import catalog_shapes, fingerprint
+from tailrace_services.capture_postgres.history import HistoryCheck, expected_transactions
+from tailrace_services.capture_postgres.position import Resume, check_position, describe_server
+from tailrace_services.capture_postgres.schema import catalog_fingerprints
 
-__all__ = ["FLAVOR", "ServerCheck", "identity_attributes", "identity_fingerprint"]
+__all__ = ["FLAVOR", "ServerCheck", "describe_change", "different_cluster",
+           "identity_attributes", "identity_fingerprint"]
 
 log = get_logger(__name__)
 
 FLAVOR = "postgresql"
+_CHECK_ERRORS = (psycopg.Error, RetryableError, NonRetryableError)
 
 
 def identity_attributes(system: SystemIdentity) -> dict[str, str]:
@@ -62,10 +79,29 @@ def identity_fingerprint(system: SystemIdentity) -> str:
 def describe_change(previous: ServerIdentity | None, system: SystemIdentity) -> str:
     old = dict(previous.attributes) if previous is not None else {}
     if old.get("system_identifier") == system.system_id:
-        return (f"promoted standby: system_identifier {system.system_id}, timeline "
-                f"{old.get('timeline')} -> {system.timeline}")
+        return (f"promoted standby or restored backup (same cluster, another timeline): "
+                f"system_identifier {system.system_id}, timeline {old.get('timeline')} -> "
+                f"{system.timeline}")
     return (f"a different server: system_identifier {old.get('system_identifier')} -> "
             f"{system.system_id}")
+
+
+def different_cluster(previous: ServerIdentity | None, system: SystemIdentity, slot: str,
+                      resume: Resume) -> PositionLostError | None:
+    """The loss when the server is another cluster: its LSNs say nothing about ours."""
+    old = dict(previous.attributes) if previous is not None else {}
+    old_system = old.get("system_identifier")
+    if old_system == system.system_id:
+        return None
+    read = (f"{resume.describe()} was read from slot {slot!r} of that cluster"
+            if resume.has_position else
+            f"nothing was published yet, but slot {slot!r} and the stored identity belong to "
+            "that cluster")
+    return PositionLostError(
+        f"the server changed (system_identifier {old_system} -> {system.system_id}): this is "
+        f"a different cluster (timeline {system.timeline}, WAL at "
+        f"{lsn_to_str(system.xlogpos)}), not the one on timeline {old.get('timeline')} we "
+        f"streamed from; {read}, and its LSNs do not exist here")
 
 
 @dataclass
@@ -80,57 +116,74 @@ class ServerCheck:
     on_schema_drift: str  # adapt | halt
 
     def run(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-            system: SystemIdentity, resume: Resume, tables: list[tuple[str, str]]) -> None:
-        """Raise PositionLostError (lost), FatalError (halted drift); return to stream."""
+            system: SystemIdentity, resume: Resume, tables: list[tuple[str, str]]
+            ) -> HistoryCheck:
+        """Raise PositionLostError (lost), FatalError (halted drift, a check that cannot
+        run on a changed server); return what the stream must find when it re-reads."""
         verdict, previous = self.control.compare_identity(
             self.source_id, FLAVOR, identity_attributes(system), identity_fingerprint(system))
         if verdict != "changed":
-            self._position(repl, conn, system, resume)
-            return
+            if verdict == "first_seen" and resume.has_position:
+                log.warning("no identity was stored for a source with a position; the re-read "
+                            "of our checkpoint's transaction decides", source=self.source_id,
+                            resume=resume.describe())
+            facts = self._facts_or_none(repl, conn, system)
+            if facts is not None:
+                check_position(facts, system, self.slot, resume, self.create_slot)
+            return HistoryCheck(resume.lsn, expected_transactions(resume, facts, system))
         change = describe_change(previous, system)
         log.warning("server identity changed", source=self.source_id, change=change)
+        checked: list[ServerFacts] = []
         drift = reconcile_identity(
             self.control, self.source_id, previous,
             identity_proto(FLAVOR, identity_attributes(system), identity_fingerprint(system)),
             change=change, on_schema_drift=self.on_schema_drift,
-            check_position=lambda: self._reconcile_position(repl, conn, system, previous, resume),
-            find_drift=lambda: self._drift(conn, system.dbname, tables))
+            check_position=lambda: checked.append(
+                self._reconcile_position(repl, conn, system, previous, resume)),
+            find_drift=lambda: find_drift(
+                self.control, self.tenant,
+                lambda: catalog_fingerprints(conn, system.dbname, tables),
+                server=describe_server(system), strict=bool(checked), errors=(psycopg.Error,)))
         log.warning("reconciled with the changed server; continuing", source=self.source_id,
                     drift=drift or None)
+        return HistoryCheck(resume.lsn, expected_transactions(resume, checked[0], system))
 
-    def _position(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-                  system: SystemIdentity, resume: Resume) -> None:
+    def _facts(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
+               system: SystemIdentity) -> ServerFacts:
+        return read_facts(repl, conn, self.slot, system)
+
+    def _facts_or_none(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
+                       system: SystemIdentity) -> ServerFacts | None:
+        """A known server: a failed check logs a warning and capture continues (DESIGN 9)."""
         try:
-            state = read_slot(conn, self.slot)
-            history = repl.timeline_history(system.timeline) if resume.timeline else []
-        except (psycopg.Error, RetryableError) as e:
-            log.warning("position check failed; continuing without it", error=str(e))
-            return
-        check_slot(state, self.slot, resume, self.create_slot)
-        check_timeline(history, system.timeline, resume)
+            return self._facts(repl, conn, system)
+        except _CHECK_ERRORS as e:
+            log.warning("position check failed; continuing, the re-read of our checkpoint's "
+                        "transaction still decides", server=describe_server(system),
+                        error=str(e))
+            return None
 
     def _reconcile_position(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
                             system: SystemIdentity, previous: ServerIdentity | None,
-                            resume: Resume) -> None:
-        """Raise PositionLostError when the changed server cannot continue our position."""
-        old_system = dict(previous.attributes).get("system_identifier") if previous else None
-        if old_system != system.system_id and (resume.lsn or resume.published):
-            raise PositionLostError(
-                f"the server changed (system_identifier {old_system} -> {system.system_id}): "
-                "it is a different cluster, and the positions of the old one do not exist here")
-        # The slot of a server we streamed from is missing: changes since are gone.
-        self._position(repl, conn, system, replace(resume, published=True))
+                            resume: Resume) -> ServerFacts:
+        """Raise PositionLostError when the changed server cannot continue our position.
 
-    def _drift(self, conn: psycopg.Connection[Any], database: str,
-               tables: list[tuple[str, str]]) -> list[str]:
-        """Tables whose structure differs from their latest registered schema."""
-        drift: list[str] = []
+        A check that fails here is never taken for an answer: it raises RetryableError
+        (transient) or FatalError, so that nothing is recorded and no identity stored.
+        """
+        lost = different_cluster(previous, system, self.slot, resume)
+        if lost is not None:
+            raise lost
         try:
-            for (schema, table), shape in catalog_shapes(conn, tables).items():
-                versions = self.control.list_schemas(self.tenant, database, f"{schema}.{table}")
-                if versions and fingerprint(schema, table, shape) != versions[-1].fingerprint:
-                    drift.append(f"{database}.{schema}.{table}: structure differs from schema "
-                                 f"version {versions[-1].version}")
-        except (psycopg.Error, RetryableError) as e:
-            log.warning("schema drift check failed; continuing without it", error=str(e))
-        return drift
+            facts = self._facts(repl, conn, system)
+        except (psycopg.OperationalError, RetryableError) as e:
+            raise RetryableError(
+                f"cannot check the position on {describe_server(system)}, whose identity "
+                f"changed: {e}; it is not adopted until the check has run") from e
+        except _CHECK_ERRORS as e:
+            raise FatalError(
+                f"cannot check the position on {describe_server(system)}, whose identity "
+                f"changed: {e}; it is not adopted until the check has run: fix the cause and "
+                "restart") from e
+        check_position(facts, system, self.slot, resume, self.create_slot)
+        return facts

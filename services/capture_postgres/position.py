@@ -8,24 +8,34 @@ old primary wrote past the switch point (already published, lost in the
 failover), and downstream dedup by position would drop the new one. With it,
 positions stay totally ordered across failovers, and a transaction re-read
 from the shared history (before the switch point) keeps its original number.
+A position also names its transaction (`xid`, `commit_ts_us`): an LSN alone is
+only a byte offset, which any copy of the cluster reuses for its own WAL.
 
-The resume position is the minimum checkpoint of the pipeline's sinks
-(`Resume`). Capture resumes after it, skips transactions at or below it (the
-slot's `confirmed_flush_lsn` can go backwards after a server crash) and never
-lets the slot confirm past it.
+The resume position is the minimum checkpoint of the pipeline's sinks (`Resume`,
+PostgreSQL's view of the shared rule's `ResumePoint`, `tailrace_services.capture.resume`).
+Capture resumes after it, skips transactions at or below it (the slot's
+`confirmed_flush_lsn` can go backwards after a server crash) and never lets the
+slot confirm past it (`SlotFeedback`, `confirmable_lsn`). It confirms up to the
+checkpoint transaction's last change (`confirm_point`), so that on every reconnect
+the server sends that transaction again and `history.py` can check it is still the
+same one.
 
-Before streaming, on every (re)connect (DESIGN guarantee 9):
+Before streaming, on every (re)connect (DESIGN guarantee 9), in this order so the
+reason names the first thing that is wrong (`check_position`):
 
+- on a new timeline (a promoted standby, a point-in-time restore) our checkpoint
+  is on an ancestor timeline and not past the point where that timeline ended
+  here: what followed it on the old timeline never reached this server;
+- the server's WAL is not behind our checkpoint, nor behind the latest
+  transaction we published on its timeline (a backup restored from before them,
+  another copy of the cluster);
 - the slot exists — unless nothing was ever checkpointed or published, in which
-  case it is created;
-- its `wal_status` is not `lost` (`max_slot_wal_keep_size` removed WAL it needed);
-- its `confirmed_flush_lsn` is not past our checkpoint: a recreated (or
-  externally advanced) slot starts later, and the changes in between are gone;
-- our checkpoint is not past `pg_current_wal_lsn()` (another server, a restored
-  backup);
-- on a new timeline (a promoted standby) our checkpoint is not past the point
-  where our timeline ended there: what the old primary wrote after it never
-  reached this server.
+  case it is created — and is a logical pgoutput slot of this database;
+- its `wal_status` is not `lost` and it has a `restart_lsn` (not invalidated);
+- its `confirmed_flush_lsn` is not past our checkpoint (or, with no checkpoint
+  yet, past the latest transaction we published): a recreated (or externally
+  advanced) slot starts later, and the changes in between are gone; nor is its
+  `restart_lsn`, from where it decodes.
 
 Any of these raises `PositionLostError`, whose message is
 `position lost: <reason>. Re-snapshot required.`
@@ -33,20 +43,37 @@ Any of these raises `PositionLostError`, whose message is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 
-import psycopg
-
-from tailrace.errors import PositionLostError, SourceConfigurationError
+from tailrace.control_client import ControlClient
+from tailrace.errors import PositionLostError, RetryableError, SourceConfigurationError
+from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
-from tailrace_services.capture_postgres.replication import lsn_to_str, str_to_lsn
+from tailrace.proto.event_pb2 import Position
+from tailrace_services.capture.metrics import CaptureMetrics
+from tailrace_services.capture_postgres.connection import (
+    ReplicationConnection,
+    ServerFacts,
+    SlotState,
+    SystemIdentity,
+    lsn_to_str,
+)
+from tailrace_services.capture_postgres.errors import StreamStopped
 
-__all__ = ["Resume", "SlotState", "Timelines", "check_slot", "check_timeline", "lsn_of",
-           "read_slot", "tx_seq_of"]
+__all__ = ["Resume", "SlotFeedback", "Timelines", "TxMark", "check_position", "check_slot",
+           "check_timeline", "check_wal_end", "confirm_point", "confirmable_lsn",
+           "describe_server", "lsn_of", "tx_seq_of"]
+
+log = get_logger(__name__)
+
+FEEDBACK_INTERVAL_S = 1.0
 
 LSN_BITS = 48  # 256 TB of WAL per timeline
 LSN_MASK = (1 << LSN_BITS) - 1
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def tx_seq_of(timeline: int, lsn: int) -> int:
@@ -56,6 +83,17 @@ def tx_seq_of(timeline: int, lsn: int) -> int:
 
 def lsn_of(tx_seq: int) -> int:
     return tx_seq & LSN_MASK
+
+
+def timeline_of(position: Position) -> int:
+    return position.postgres.timeline or position.tx_seq >> LSN_BITS
+
+
+def confirm_point(position: Position) -> int:
+    """How far the slot may be confirmed for a checkpoint at `position`: up to its
+    transaction's last change, so that the server sends that transaction again."""
+    end, last_change = lsn_of(position.tx_seq), position.postgres.event_lsn
+    return last_change if 0 < last_change < end else end
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,93 +112,268 @@ class Timelines:
 
 
 @dataclass(frozen=True, slots=True)
+class TxMark:
+    """A transaction we published, as a server holding our history must show it again."""
+
+    end_lsn: int
+    xid: int
+    commit_ts_us: int
+    timeline: int
+    last_change_lsn: int
+
+    @classmethod
+    def of(cls, position: Position) -> TxMark | None:
+        """None for positions written before transactions were named (no commit time)."""
+        postgres = position.postgres
+        if not postgres.commit_ts_us:
+            return None
+        return cls(lsn_of(position.tx_seq), postgres.xid, postgres.commit_ts_us,
+                   position.tx_seq >> LSN_BITS or postgres.timeline, postgres.event_lsn)
+
+    def describe(self) -> str:
+        return (f"xid {self.xid} committed at {commit_time(self.commit_ts_us)}, ending at "
+                f"{lsn_to_str(self.end_lsn)} on timeline {self.timeline}")
+
+
+def commit_time(ts_us: int) -> str:
+    return (_UNIX_EPOCH + timedelta(microseconds=ts_us)).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True, slots=True)
 class Resume:
-    """Where streaming resumes: after `lsn` (0 = from the slot), known to be on `timeline`."""
+    """Where streaming resumes: after `lsn` (0 = from the slot), known to be on `timeline`.
+
+    `published_lsn` is the end of the latest transaction we published (the latest
+    recorded epoch), which may be past the checkpoint; `checkpoint` and `latest` name
+    those two transactions when their positions carry a commit time.
+    """
 
     lsn: int = 0
     timeline: int = 0
     published: bool = False  # an epoch was recorded: the slot existed and was streamed from
+    published_lsn: int = 0
+    published_timeline: int = 0
+    checkpoint: TxMark | None = None
+    latest: TxMark | None = None
+    confirm_lsn: int = 0  # `confirm_point` of the checkpoint
 
     @classmethod
     def of(cls, checkpoint: Checkpoint | None, latest_epoch: Epoch | None) -> Resume:
-        if checkpoint is None:
-            return cls(published=latest_epoch is not None)
-        position = checkpoint.position
-        return cls(lsn_of(position.tx_seq),
-                   position.postgres.timeline or position.tx_seq >> LSN_BITS, True)
+        resume = cls()
+        if checkpoint is not None:
+            position = checkpoint.position
+            resume = cls(lsn_of(position.tx_seq), timeline_of(position), True,
+                         checkpoint=TxMark.of(position), confirm_lsn=confirm_point(position))
+        if latest_epoch is None:
+            return resume
+        position = latest_epoch.position
+        return replace(resume, published=True, published_lsn=lsn_of(position.tx_seq),
+                       published_timeline=timeline_of(position), latest=TxMark.of(position))
+
+    @property
+    def has_position(self) -> bool:
+        """Something was checkpointed or published: the slot's history matters."""
+        return bool(self.lsn) or self.published
+
+    def describe(self) -> str:
+        if self.lsn:
+            return f"our checkpoint {lsn_to_str(self.lsn)} on timeline {self.timeline}"
+        return (f"the latest transaction we published, ending at "
+                f"{lsn_to_str(self.published_lsn)} on timeline {self.published_timeline} "
+                "(no sink has checkpointed yet)")
 
 
-@dataclass(frozen=True, slots=True)
-class SlotState:
-    exists: bool
-    wal_status: str = ""
-    confirmed_flush_lsn: int = 0
-    current_wal_lsn: int = 0
+def describe_server(system: SystemIdentity) -> str:
+    return f"the server (system_identifier {system.system_id}, timeline {system.timeline})"
 
 
-def read_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState:
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    current = str_to_lsn(row[0]) if row else 0
-    found = conn.execute(
-        "SELECT coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, '')"
-        " FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-    if found is None:
-        return SlotState(exists=False, current_wal_lsn=current)
-    confirmed = str_to_lsn(found[1]) if found[1] else 0
-    return SlotState(True, found[0], confirmed, current)
+def check_position(facts: ServerFacts, system: SystemIdentity, slot: str, resume: Resume,
+                   can_create: bool) -> None:
+    """Raise PositionLostError when this server cannot continue `resume` (module docstring)."""
+    check_timeline(list(facts.history), system, resume)
+    check_wal_end(facts.slot.current_wal_lsn, system, resume)
+    check_slot(facts.slot, slot, resume, can_create, system.dbname)
 
 
-def check_slot(state: SlotState, slot: str, resume: Resume, can_create: bool) -> None:
-    """Raise PositionLostError when the history after `resume` is gone from the server."""
+def check_timeline(history: list[tuple[int, int]], system: SystemIdentity, resume: Resume
+                   ) -> None:
+    """On a new timeline, our checkpoint must be at or before where our old timeline ended.
+
+    `history` is TIMELINE_HISTORY of the server's current timeline.
+    """
+    if not resume.lsn or not resume.timeline or resume.timeline == system.timeline:
+        return
     at = lsn_to_str(resume.lsn)
+    ends = dict(history)
+    if resume.timeline not in ends:
+        ancestors = ", ".join(f"{t} (ended at {lsn_to_str(end)})" for t, end in history)
+        raise PositionLostError(
+            f"our checkpoint {at} is on timeline {resume.timeline}, which is not in the "
+            f"history of {describe_server(system)}: its ancestors are "
+            f"{ancestors or 'none'}; it never had our changes (a backup restored from before "
+            "a failover, or a standby that followed another primary)")
+    switch = ends[resume.timeline]
+    if resume.lsn > switch:
+        raise PositionLostError(
+            f"{describe_server(system)} left timeline {resume.timeline} at "
+            f"{lsn_to_str(switch)}, before our checkpoint {at} on that timeline: the sinks "
+            "have changes this server never received (a standby promoted before it caught "
+            "up, or a backup restored to an earlier point in time)")
+
+
+def check_wal_end(wal_end: int, system: SystemIdentity, resume: Resume) -> None:
+    """The server's WAL must reach our checkpoint, and the latest transaction we published
+    when it is on the server's timeline (past a switch point it is a failover's loss)."""
+    server, end = describe_server(system), lsn_to_str(wal_end)
+    if resume.lsn > wal_end:
+        raise PositionLostError(
+            f"{server} has written WAL only up to {end}, but our checkpoint is "
+            f"{lsn_to_str(resume.lsn)} on timeline {resume.timeline}: it is not the server we "
+            "streamed from (a backup restored from before the checkpoint, or another copy of "
+            "this cluster)")
+    if resume.published_lsn > wal_end and resume.published_timeline == system.timeline:
+        raise PositionLostError(
+            f"{server} has written WAL only up to {end}, but we already published a "
+            f"transaction ending at {lsn_to_str(resume.published_lsn)} on timeline "
+            f"{resume.published_timeline}: the server lost transactions we published (a "
+            "backup restored from before them, or another copy of this cluster)")
+
+
+def check_slot(state: SlotState, slot: str, resume: Resume, can_create: bool,
+               database: str = "") -> None:
+    """Raise PositionLostError when the history after `resume` is gone from the slot."""
     if not state.exists:
-        if resume.lsn:
+        if resume.has_position:
             raise PositionLostError(
-                f"replication slot {slot!r} does not exist but the sinks have checkpointed up to "
-                f"{at}: the slot was dropped (or this server never had it, like a promoted "
-                "standby before PostgreSQL 17), and the changes after the checkpoint cannot be "
-                "decoded any more")
-        if resume.published:
-            raise PositionLostError(
-                f"replication slot {slot!r} does not exist but changes were already published "
-                "from it: the slot was dropped and the changes since are gone")
+                f"replication slot {slot!r} does not exist, but {resume.describe()} was read "
+                "from it: the slot was dropped (or this server never had it: a promoted "
+                "standby before PostgreSQL 17, a restored backup, another server), and the "
+                "changes after it cannot be decoded any more")
         if not can_create:
             raise SourceConfigurationError(
                 f"spec.source.slot: replication slot {slot!r} does not exist and "
                 "spec.source.create_slot is false; create it with SELECT "
                 f"pg_create_logical_replication_slot('{slot}', 'pgoutput') or allow creation")
         return
-    if state.wal_status == "lost":
-        raise PositionLostError(
-            f"replication slot {slot!r} has wal_status=lost: the server removed WAL the slot "
-            "still needed (max_slot_wal_keep_size)")
-    if resume.lsn and state.confirmed_flush_lsn > resume.lsn:
-        raise PositionLostError(
-            f"replication slot {slot!r} confirmed_flush_lsn "
-            f"{lsn_to_str(state.confirmed_flush_lsn)} is past our checkpoint {at}: the slot was "
-            "recreated or advanced by someone else, and the changes in between are gone")
-    if resume.lsn > state.current_wal_lsn:
-        raise PositionLostError(
-            f"our checkpoint {at} is past the server's WAL end "
-            f"{lsn_to_str(state.current_wal_lsn)}: this is not the server we streamed from, or it "
-            "was restored from an older backup")
-
-
-def check_timeline(history: list[tuple[int, int]], timeline: int, resume: Resume) -> None:
-    """On a new timeline, our checkpoint must be at or before where our old timeline ended.
-
-    `history` is TIMELINE_HISTORY of the server's current `timeline`.
-    """
-    if not resume.lsn or not resume.timeline or resume.timeline == timeline:
+    _check_slot_kind(state, slot, resume, database)
+    if state.wal_status == "lost" or not state.restart_lsn:
+        invalid = (f"replication slot {slot!r} has wal_status={state.wal_status or 'NULL'} and "
+                   f"restart_lsn={lsn_to_str(state.restart_lsn) if state.restart_lsn else 'NULL'}"
+                   ": the server invalidated it and removed WAL it still needed "
+                   "(max_slot_wal_keep_size)")
+        if not resume.has_position:
+            raise SourceConfigurationError(
+                f"spec.source.slot: {invalid}; nothing was read from it yet: drop it with "
+                f"SELECT pg_drop_replication_slot('{slot}') and start again")
+        raise PositionLostError(f"{invalid}, so {resume.describe()} cannot be continued")
+    if not resume.has_position:
         return
-    ends = dict(history)
-    if resume.timeline not in ends:
+    reference = resume.lsn or resume.published_lsn
+    confirmed = lsn_to_str(state.confirmed_flush_lsn)
+    if state.confirmed_flush_lsn > reference:
         raise PositionLostError(
-            f"our checkpoint {lsn_to_str(resume.lsn)} is on timeline {resume.timeline}, which is "
-            f"not an ancestor of this server's timeline {timeline}")
-    switch = ends[resume.timeline]
-    if resume.lsn > switch:
+            f"replication slot {slot!r} confirmed_flush_lsn {confirmed} is past "
+            f"{resume.describe()}: the slot was recreated or advanced by someone else, and "
+            "the changes in between are gone")
+    if resume.lsn and state.restart_lsn > resume.lsn:
         raise PositionLostError(
-            f"our checkpoint {lsn_to_str(resume.lsn)} on timeline {resume.timeline} is past "
-            f"{lsn_to_str(switch)}, where that timeline ends on this promoted server: the "
-            "sinks have changes this server never received")
+            f"replication slot {slot!r} restart_lsn {lsn_to_str(state.restart_lsn)} is past "
+            f"{resume.describe()} (confirmed_flush_lsn {confirmed}): the slot was moved by "
+            "someone else and no longer decodes the changes after the checkpoint")
+
+
+def _check_slot_kind(state: SlotState, slot: str, resume: Resume, database: str) -> None:
+    wrong = []
+    if state.slot_type != "logical":
+        wrong.append(f"slot_type {state.slot_type!r}")
+    if state.plugin != "pgoutput":
+        wrong.append(f"plugin {state.plugin!r}")
+    if database and state.database != database:
+        wrong.append(f"database {state.database!r}")
+    if not wrong:
+        return
+    what = f"replication slot {slot!r} has " + ", ".join(wrong)
+    if resume.has_position:
+        raise PositionLostError(
+            f"{what}: it is not the logical pgoutput slot of database {database!r} that "
+            f"{resume.describe()} was read from")
+    raise SourceConfigurationError(
+        f"spec.source.slot: {what}, but capture needs a logical pgoutput slot of database "
+        f"{database!r}: drop it, or set spec.source.slot to another name")
+
+
+# -- confirming the slot --------------------------------------------------------------------
+
+def confirmable_lsn(current: int, checkpoint: int, published: int, server_wal_end: int) -> int:
+    """How far the slot may be confirmed: the sinks' `checkpoint`, but never past what this
+    capture `published` (or resumed from), and never backwards from `current`.
+
+    A checkpoint past the server's WAL end names changes the server never wrote: the
+    server is not the one the checkpoint came from, or the checkpoint was forged. Raises
+    PositionLostError rather than confirm anything.
+    """
+    if server_wal_end and checkpoint > server_wal_end:
+        raise PositionLostError(
+            f"the sinks' checkpoint {lsn_to_str(checkpoint)} is past the server's WAL end "
+            f"{lsn_to_str(server_wal_end)}: the server is behind our checkpoint (restored from "
+            "a backup, or another server), or the checkpoint was not written by Tailrace")
+    return max(current, min(checkpoint, published))
+
+
+class SlotFeedback:
+    """The standby status updates of one session: `write` is what was received, `flush` the
+    minimum position every sink has checkpointed, re-read from the control service about
+    every second — up to that transaction's last change (`confirm_point`), so the slot keeps
+    every change not yet delivered everywhere and sends the checkpoint's transaction again
+    on reconnect. `flush` never passes what this capture published (or resumed from).
+
+    `keep_alive` also runs while the publisher waits for a slow bus: the reader stops reading
+    (backpressure) but the server does not time the connection out. It raises
+    StreamStopped when `abandon()` says a stop request should not wait longer for the bus
+    (nothing is lost: the next start publishes again from the checkpoint).
+    """
+
+    def __init__(self, repl: ReplicationConnection, control: ControlClient, source_id: str,
+                 sink_ids: list[str], metrics: CaptureMetrics, *, resume_lsn: int,
+                 confirmed_lsn: int, abandon: Callable[[], bool] = lambda: False) -> None:
+        self.repl = repl
+        self.control = control
+        self.source_id = source_id
+        self.sink_ids = sink_ids
+        self.metrics = metrics
+        self.received = 0
+        self.published = resume_lsn  # the end LSN of the last transaction on the bus
+        self.confirmed = confirmed_lsn
+        self._abandon = abandon
+        self._next = 0.0
+
+    def keep_alive(self) -> None:
+        """Send a status update when one is due."""
+        if self._abandon():
+            raise StreamStopped
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + FEEDBACK_INTERVAL_S
+        self.confirmed = self._confirmable(self.confirmed)
+        self.repl.send_status(max(self.received, self.confirmed), self.confirmed)
+        wal_end = self.repl.server_wal_end
+        self.metrics.lag_bytes.set(max(wal_end - self.received, 0))
+        self.metrics.retained_bytes.set(max(wal_end - self.confirmed, 0))
+
+    def _confirmable(self, current: int) -> int:
+        """The LSN every sink has checkpointed; never moves backwards within a session."""
+        try:
+            checkpoint = self.control.minimum_checkpoint(self.source_id, self.sink_ids)
+        except RetryableError as e:
+            log.warning("cannot read checkpoints; the slot is not advanced", error=str(e))
+            return current
+        if checkpoint is None:
+            return current
+        target = lsn_of(checkpoint.position.tx_seq)
+        if target > self.published:
+            log.debug("a sink checkpoint is ahead of what this capture published; the slot "
+                      "is confirmed only up to what was published",
+                      checkpoint=lsn_to_str(target), published=lsn_to_str(self.published))
+        return confirmable_lsn(current, confirm_point(checkpoint.position), self.published,
+                               self.repl.server_wal_end)

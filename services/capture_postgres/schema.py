@@ -1,10 +1,38 @@
-"""Table schemas: fingerprints from Relation messages (and from the catalog at failover),
-registration with the control service, and drift handling (`on_schema_drift: adapt|halt`)."""
+"""Table shapes: fingerprints, registration, drift, and which columns are the key.
+
+Shapes come from Relation messages (and from the catalog at failover, for the
+drift check `tailrace_services.capture.drift`); each is fingerprinted, registered
+with the control service, and a structure never registered for a table with
+registered versions is drift (`on_schema_drift: adapt|halt`).
+
+The event key of each table is its primary key, or its replica-identity index.
+pgoutput flags the columns of the table's replica identity in every Relation message.
+Those flags are the key only for two identities:
+
+| replica identity | `key_columns` of its events | before-image of an update or delete |
+|---|---|---|
+| DEFAULT | the primary key (pgoutput's flags) | the key columns |
+| USING INDEX | the index's columns (pgoutput's flags) | those columns |
+| FULL | the primary key, read from `pg_index` | the whole old row |
+| NOTHING | the primary key, read from `pg_index` | none (updates and deletes are refused) |
+
+Under DEFAULT and USING INDEX the server reads its catalog as of the change, so the
+flags are the key the change was written under. Under FULL it flags every column and
+under NOTHING none, so the key is read from the live catalog when the Relation
+message arrives (once per table and session, and again after a DDL). Key columns are
+listed in table column order whatever the identity, so switching a table between
+DEFAULT and FULL does not change its key.
+
+A table without a primary key (and not USING INDEX) has no key: its events carry an
+empty `key_columns`. The capture service says so at start for every selected table
+(`keyless_tables`) and again when such a table first appears in the stream.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +42,12 @@ from tailrace.control_client import ControlClient
 from tailrace.errors import FatalError
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import Position
-from tailrace_services.capture_postgres.decoder import Relation
+from tailrace_services.capture_postgres.connection import connect
+from tailrace_services.capture_postgres.reader import Relation
+
+__all__ = ["KeyCatalog", "KeylessTable", "SchemaTracker", "Shape", "catalog_fingerprints",
+           "catalog_shapes", "choose_key", "fingerprint", "keyless_fix", "keyless_tables",
+           "schema_json", "shape_of"]
 
 log = get_logger(__name__)
 
@@ -63,6 +96,13 @@ def catalog_shapes(conn: psycopg.Connection[Any], tables: list[tuple[str, str]]
         out[(schema, table)] = [(r[0], r[1], r[2], bool(r[3]) or bool(full and full[0]))
                                 for r in rows]
     return out
+
+
+def catalog_fingerprints(conn: psycopg.Connection[Any], database: str,
+                         tables: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(database, `schema.table`) -> fingerprint, as the registry names them, from the catalog."""
+    return {(database, f"{schema}.{table}"): fingerprint(schema, table, shape)
+            for (schema, table), shape in catalog_shapes(conn, tables).items()}
 
 
 @dataclass
@@ -124,3 +164,113 @@ class SchemaTracker:
                 f"schema drift on {self.database}.{table} ({drift[0].split(': ', 1)[1]}) and "
                 "spec.source.on_schema_drift is halt: review the change, then set "
                 "on_schema_drift: adapt, or re-snapshot")
+
+
+# -- keys --------------------------------------------------------------------------------
+
+IDENTITY_NAMES = {"d": "DEFAULT", "n": "NOTHING", "f": "FULL", "i": "USING INDEX"}
+_FROM_FLAGS = ("d", "i")  # identities whose pgoutput flags are the key
+NO_KEY = ("table has no key: its events carry no key columns, so kafka keeps all of them in "
+          "one partition and the postgres sink cannot apply their updates and deletes")
+
+_PRIMARY_KEY = """
+SELECT c.relname, (SELECT array_agg(a.attname::text ORDER BY a.attnum)
+                     FROM pg_index i
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                    WHERE i.indrelid = c.oid AND i.indisprimary)
+  FROM pg_class c WHERE c.oid = %s"""
+
+_KEYLESS = """
+SELECT n.nspname, c.relname, c.relreplident::text
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN unnest(%s::text[], %s::text[]) AS t(s, r) ON t.s = n.nspname AND t.r = c.relname
+ WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND
+                   CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END)
+ ORDER BY 1, 2"""
+
+
+def keyless_fix(schema: str, table: str) -> str:
+    """What to do about a table without a key (the end of every message that names one)."""
+    return (f"add a primary key to {schema}.{table}, or ALTER TABLE {schema}.{table} REPLICA "
+            "IDENTITY USING INDEX <a unique index on NOT NULL columns>")
+
+
+def choose_key(relation: Relation, primary_key: Sequence[str] | None) -> list[str]:
+    """The key columns of `relation`'s events, in column order.
+
+    `primary_key`: the table's primary-key columns from the catalog (None when the table
+    is not in the catalog any more); only read under FULL and NOTHING. A primary key
+    naming a column the Relation message lacks (the catalog moved on since the change
+    was written) gives no key rather than a wrong one.
+    """
+    if relation.replica_identity in _FROM_FLAGS:
+        return [c.name for c in relation.columns if c.is_key]
+    if not primary_key:
+        return []
+    wanted = set(primary_key)
+    keys = [c.name for c in relation.columns if c.name in wanted]
+    return keys if len(keys) == len(wanted) else []
+
+
+class KeyCatalog:
+    """`key_of(relation)` for the stream; the catalog connection opens on first need."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._warned: set[int] = set()
+
+    def key_of(self, relation: Relation) -> list[str]:
+        primary_key = None
+        if relation.replica_identity not in _FROM_FLAGS:
+            primary_key = self.primary_key(relation.oid)
+        keys = choose_key(relation, primary_key)
+        if not keys and relation.oid not in self._warned:
+            self._warned.add(relation.oid)
+            self._warn(relation, primary_key)
+        return keys
+
+    def primary_key(self, oid: int) -> list[str] | None:
+        """The primary-key columns of the table `oid` ([] without one, None if it is gone)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._dsn)
+        row = self._conn.execute(_PRIMARY_KEY, (oid,)).fetchone()
+        if row is None:
+            return None
+        return list(row[1] or [])
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @staticmethod
+    def _warn(relation: Relation, primary_key: list[str] | None) -> None:
+        table = f"{relation.namespace}.{relation.name}"
+        identity = IDENTITY_NAMES.get(relation.replica_identity, relation.replica_identity)
+        if primary_key is None:
+            why = "it is no longer in the catalog"
+        elif primary_key:
+            why = (f"its primary key ({', '.join(primary_key)}) names columns the stream "
+                   "does not have yet")
+        else:
+            why = f"it has no primary key (replica identity {identity})"
+        log.warning(NO_KEY, table=table, replica_identity=identity, reason=why,
+                    fix=keyless_fix(relation.namespace, relation.name))
+
+
+@dataclass(frozen=True)
+class KeylessTable:
+    schema: str
+    table: str
+    replica_identity: str  # DEFAULT, FULL, ...
+
+
+def keyless_tables(conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]]
+                   ) -> list[KeylessTable]:
+    """The selected tables whose events would carry no key (no primary key, or an
+    identity index that no longer exists)."""
+    if not tables:
+        return []
+    rows = conn.execute(_KEYLESS, ([s for s, _ in tables], [t for _, t in tables])).fetchall()
+    return [KeylessTable(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2])) for r in rows]

@@ -3,7 +3,7 @@
 pgoutput (protocol v1) sends every column as the text its type's output function
 prints, so decoding is parsing that text. The replication session pins the settings
 the text depends on (DateStyle=ISO, bytea_output=hex, TimeZone=UTC, extra_float_digits),
-see `replication.py`.
+see `connection.py`.
 
 Speed matters (the whole decode path is a few µs per row), so each OID maps to one
 converter through a dict, built-ins like `int`, `float` and `Decimal` are used directly,

@@ -1,8 +1,9 @@
-"""`tailrace pipelines|checkpoints|schemas|drift|dlq|pause|resume|rewind`: the admin client.
+"""`tailrace pipelines|checkpoints|...|audit|snapshot|resnapshot`: the admin client.
 
 Each command talks gRPC to the control service (`--control`, default $TAILRACE_CONTROL or
-127.0.0.1:50051); mutations send `--token` (default $TAILRACE_TOKEN). Tables for people,
-`--json` for scripts; a failure is one line on stderr and a non-zero exit.
+127.0.0.1:50051) with the admin token (`--token-file`, default $TAILRACE_ADMIN_TOKEN) and
+TLS options (`connect.py`). Tables for people, `--json` for scripts; a failure is one line
+on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ import sys
 from typing import Any
 
 from tailrace.control_client import PIPELINE_STATES, ControlClient, ControlRefused, ControlUnavailable
+from tailrace.errors import ConfigError
+from tailrace.events import native_position
 from tailrace.logs import redact
 from tailrace.proto import control_pb2 as pb
+from tailrace_services.cli import audit, snapshot
+from tailrace_services.cli.connect import add_credential_options, admin_client
 from tailrace_services.cli.output import print_json, print_table, short, when
 
-COMMANDS = ("pipelines", "checkpoints", "schemas", "drift", "dlq", "pause", "resume", "rewind")
+COMMANDS = ("pipelines", "checkpoints", "schemas", "drift", "dlq", "pause", "resume", "rewind",
+            "audit", "snapshot", "resnapshot")
+REASON_WIDTH = 240  # the last column: enough for a sink id, the error and its fix
 _POLICY = {pb.POLICY_REQUIRED: "required", pb.POLICY_ALL: "all", pb.POLICY_QUORUM: "quorum"}
 
 
@@ -30,15 +37,12 @@ def connection_options(parser: argparse.ArgumentParser, top: bool) -> None:
                         default=default(env("TAILRACE_CONTROL", "127.0.0.1:50051")),
                         help="control service address (default $TAILRACE_CONTROL or "
                              "127.0.0.1:50051)")
-    parser.add_argument("--token", default=default(env("TAILRACE_TOKEN")),
-                        help="admin token for mutations (default $TAILRACE_TOKEN)")
-    parser.add_argument("--tls-ca", metavar="PEM", default=default(env("TAILRACE_CONTROL_CA")),
-                        help="talk TLS, trusting this CA certificate (default $TAILRACE_CONTROL_CA)")
+    add_credential_options(parser, default)
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print JSON instead of a table")
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002
         p = sub.add_parser(name, help=help)
         connection_options(p, top=False)
@@ -73,11 +77,15 @@ def add_commands(sub: Any) -> None:
     target.add_argument("--reset", action="store_true", help="back to the earliest position")
     p.add_argument("--confirm", default="", metavar="SINK",
                    help="repeat the sink id to confirm it receives again what it already has")
+    audit.add_command(command)
+    snapshot.add_commands(command)
 
 
 def run(args: argparse.Namespace) -> int:
-    client = ControlClient(args.control, timeout=10, retry_for=2, token=args.token,
-                           root_cert=args.tls_ca)
+    try:
+        client = admin_client(args)
+    except ConfigError as e:  # an unreadable token or certificate file
+        return fail(str(e), code=2)
     try:
         return _COMMANDS[args.command](client, args)
     except ControlUnavailable as e:
@@ -86,13 +94,15 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"{args.command}: {redact(e.details or str(e))}")
     except ControlRefused as e:
         return fail(f"{args.command} refused: {redact(e.details)}")
+    except ConfigError as e:  # TLS settings that do not fit the server's (ControlTlsError)
+        return fail(str(e), code=2)
     finally:
         client.close()
 
 
-def fail(message: str) -> int:
+def fail(message: str, code: int = 1) -> int:
     print(f"tailrace: {message}", file=sys.stderr)
-    return 1
+    return code
 
 
 def _why(details: str) -> str:
@@ -112,12 +122,16 @@ def _pipelines(client: ControlClient, args: argparse.Namespace) -> int:
         return 0
     print_table(["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS", "DELIVERY", "REASON"], [
         [p.name, p.tenant, f"{p.source_id} ({p.source_type})", PIPELINE_STATES[p.state],
-         _policy(p.commit_policy),
-         ", ".join(f"{s.id}{'' if s.required else '?'}" for s in p.sinks),
+         _policy(p.commit_policy), ", ".join(_sink(s) for s in p.sinks),
          f"{p.delivery_owner.instance} (gen {p.delivery_owner.generation})"
-         if p.delivery_owner.generation else "-", short(p.reason)]
+         if p.delivery_owner.generation else "-", short(p.reason, REASON_WIDTH)]
         for p in pipelines], "no pipelines registered")
     return 0
+
+
+def _sink(sink: pb.SinkInfo) -> str:
+    """`id` (`id?` when optional), with `(failing)` while its last batch failed."""
+    return f"{sink.id}{'' if sink.required else '?'}{' (failing)' if sink.last_error else ''}"
 
 
 def _policy(policy: pb.CommitPolicy) -> str:
@@ -136,12 +150,40 @@ def _checkpoints(client: ControlClient, args: argparse.Namespace) -> int:
         for s in a.sinks:
             cp = s.checkpoint
             rows.append([a.pipeline, s.sink_id, s.required,
-                         f"tx {cp.position.tx_seq}.{cp.position.event_index}" if s.found else "-",
-                         cp.version if s.found else "-", s.lag_offsets, s.lag_seconds,
-                         when(cp.updated_unix_ms) if s.found else "-"])
-    print_table(["PIPELINE", "SINK", "REQUIRED", "POSITION", "VERSION", "LAG_OFFSETS", "LAG_S",
-                 "UPDATED"], rows, "no checkpoints")
+                         (native_position(cp.position) or "-") if s.found else "-",
+                         f"{cp.position.tx_seq}.{cp.position.event_index}" if s.found else "-",
+                         cp.version if s.found else "-", s.lag_offsets,
+                         _bytes(s.lag_bytes) if s.HasField("lag_bytes") else "-",
+                         s.lag_transactions if s.HasField("lag_transactions") else "-",
+                         s.lag_seconds, when(cp.updated_unix_ms) if s.found else "-",
+                         _failing(s)])
+    print_table(["PIPELINE", "SINK", "REQUIRED", "POSITION", "TX_SEQ", "VERSION", "LAG_OFFSETS",
+                 "LAG_BYTES", "LAG_TX", "LAG_S", "UPDATED", "LAST_ERROR"], rows, "no checkpoints")
     return 0
+
+
+def _native(position: Any) -> str:
+    """` (0/198E748)`: the source's own notation of a position, when it has one."""
+    text = native_position(position)
+    return f" ({text})" if text else ""
+
+
+def _bytes(n: int) -> str:
+    """WAL bytes for people: `0B`, `512B`, `12.5KiB`, `3.1MiB`, `2.0GiB`."""
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{int(size)}B" if unit == "B" else f"{size:.1f}{unit}"
+
+
+def _failing(s: pb.SinkCheckpoint) -> str:
+    if not s.last_error:
+        return "-"
+    batches = f"{s.failed_batches} batch{'' if s.failed_batches == 1 else 'es'}"
+    return short(f"{batches} since {when(s.failing_since_unix_ms)}: {s.last_error}",
+                 REASON_WIDTH)
 
 
 def _schemas(client: ControlClient, args: argparse.Namespace) -> int:
@@ -215,12 +257,16 @@ def _rewind(client: ControlClient, args: argparse.Namespace) -> int:
         print_json(r)
     else:
         after = ("the earliest available position" if args.reset else
-                 f"tx {r.after.position.tx_seq}.{r.after.position.event_index}")
+                 f"tx {r.after.position.tx_seq}.{r.after.position.event_index}"
+                 + _native(r.after.position))
         print(f"sink {args.sink} of pipeline {args.pipeline}: checkpoint moved from tx "
-              f"{r.before.position.tx_seq}.{r.before.position.event_index} to {after}; "
-              f"resume with `tailrace resume {args.pipeline}`")
+              f"{r.before.position.tx_seq}.{r.before.position.event_index}"
+              f"{_native(r.before.position)} to {after}; once resumed (`tailrace resume "
+              f"{args.pipeline}`) it receives again what it had from there")
     return 0
 
 
 _COMMANDS = {"pipelines": _pipelines, "checkpoints": _checkpoints, "schemas": _schemas,
-             "drift": _drift, "dlq": _dlq, "pause": _pause, "resume": _resume, "rewind": _rewind}
+             "drift": _drift, "dlq": _dlq, "pause": _pause, "resume": _resume, "rewind": _rewind,
+             "audit": audit.run_audit, "snapshot": snapshot.run_snapshot,
+             "resnapshot": snapshot.run_resnapshot}

@@ -15,14 +15,25 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import cast
 
 import redis
+from redis.typing import KeyT, StreamIdT
 
 from tailrace.config import load_pipeline
-from tailrace.devservers import KafkaBroker, NatsServer, PostgresServer, RedisServer, free_port
+from tailrace.devservers import (
+    DevServer,
+    KafkaBroker,
+    NatsServer,
+    PostgresServer,
+    RedisServer,
+    free_port,
+)
+from tailrace.logs import ENV_FORMAT, ENV_LEVEL
 from tailrace_services.cli.supervisor import Supervisor
-from tailrace_services.cli.up import start_pipeline
+from tailrace_services.cli.up import HttpPorts, exit_message, start_pipeline
 
 SCHEMA_SQL = """
 CREATE SCHEMA shop;
@@ -34,6 +45,11 @@ CREATE TABLE shop.orders (
     placed_at timestamptz NOT NULL DEFAULT now(),
     note text
 );
+-- rows that exist before the pipeline starts: they arrive as snapshot reads (op read)
+INSERT INTO shop.customers (name, email)
+    SELECT 'seed customer ' || g, 'seed' || g || '@example.com' FROM generate_series(1, 20) g;
+INSERT INTO shop.orders (customer_id, amount, note)
+    SELECT 1 + g % 20, round((g * 7.5)::numeric, 2), 'seed' FROM generate_series(1, 50) g;
 """
 
 SPEC = """\
@@ -46,6 +62,7 @@ spec:
     id: demo-pg
     dsn: {dsn}
     tables: [shop.*]
+    snapshot: {{mode: initial}}
   sinks:
     - {{id: demo-redis, type: redis, url: "{redis}", stream: "tailrace.{{database}}.{{table}}"}}
   bus: {{brokers: "{brokers}"}}
@@ -61,9 +78,11 @@ def _write_changes(pg: PostgresServer, stop: threading.Event) -> None:
         while not stop.wait(1.0):
             n += 1
             with conn.transaction():
-                cid = conn.execute("INSERT INTO shop.customers (name, email) VALUES (%s, %s) "
+                row = conn.execute("INSERT INTO shop.customers (name, email) VALUES (%s, %s) "
                                    "RETURNING id", (f"customer {n}", f"c{n}@example.com")
-                                   ).fetchone()[0]  # type: ignore[index]
+                                   ).fetchone()
+                assert row is not None  # INSERT ... RETURNING answers one row
+                cid = row[0]
                 conn.execute("INSERT INTO shop.orders (customer_id, amount, note) "
                              "VALUES (%s, %s, %s)", (cid, f"{rng.uniform(5, 500):.2f}", "new"))
             if n % 3 == 0:
@@ -77,9 +96,13 @@ def _write_changes(pg: PostgresServer, stop: threading.Event) -> None:
 
 def _show_arrivals(url: str, stop: threading.Event, counter: list[int]) -> None:
     client = redis.Redis.from_url(url)
-    last = {"tailrace.shop.customers": "0-0", "tailrace.shop.orders": "0-0"}
+    last: dict[KeyT, StreamIdT] = {"tailrace.shop.customers": "0-0", "tailrace.shop.orders": "0-0"}
     while not stop.is_set():
-        for stream, entries in client.xread(last, block=500) or []:  # type: ignore[arg-type]
+        # A sync client answers a list (None: nothing new); redis-py's ResponseT also allows the
+        # asyncio client's awaitable.
+        answer = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None,
+                      client.xread(last, block=500))
+        for stream, entries in answer or []:
             name = stream.decode()
             for entry_id, fields in entries:
                 last[name] = entry_id.decode()
@@ -90,15 +113,26 @@ def _show_arrivals(url: str, stop: threading.Event, counter: list[int]) -> None:
                 print(f"  redis {name:<26} {event['op']:<7} {shown}", flush=True)
 
 
-def run_demo(directory: str, duration: float | None) -> int:
+def _ready(url: str) -> bool:
+    """True when `url` (a service's `/ready`) answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def run_demo(directory: str, duration: float | None, log_format: str = "json",
+             log_level: str = "info") -> int:
     base = Path(directory).resolve()
     log_dir = base / "logs"
     base.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    servers: list = []
-    sup = Supervisor()
+    servers: list[DevServer] = []
+    sup = Supervisor({ENV_FORMAT: log_format, ENV_LEVEL: log_level})  # one format per run
+    ports = HttpPorts.from_base(0)
     try:
         print("tailrace demo: starting throwaway PostgreSQL, Kafka-protocol broker, Redis, NATS",
               flush=True)
@@ -120,20 +154,23 @@ def run_demo(directory: str, duration: float | None) -> int:
         if state.exists():
             for f in state.iterdir():
                 f.unlink()
-        start_pipeline(sup, spec_path, spec, state, log_dir)
+        start_pipeline(sup, spec_path, spec, state, log_dir, ports)
         print(f"""tailrace demo: pipeline running
   spec      {spec_path}
   logs      {log_dir}/{{control,capture,delivery}}.log
   postgres  psql '{pg.dsn('shop')}'
   redis     redis-cli -p {red.url.rsplit(':', 1)[1].split('/')[0]} XRANGE tailrace.shop.orders - +
   control   {spec.spec.control.address} (gRPC)
-tailrace demo: writing changes to shop.customers and shop.orders every second; the first
-  events take ~20 s (Spark starts up). {"Ctrl-C stops." if duration is None else
+  http      /health, /ready and /metrics of each service:
+{ports.describe("127.0.0.1")}
+tailrace demo: the 70 rows already in shop.customers and shop.orders arrive first, as
+  snapshot reads (op read); then changes written every second. The first events take
+  ~20 s (Spark starts up). {"Ctrl-C stops." if duration is None else
   f"Stopping by itself after {duration:.0f} s."}""", flush=True)
 
         # changes made before the replication slot exists are not captured: wait for it
-        capture_log = log_dir / "capture.log"
-        while '"streaming"' not in (capture_log.read_text() if capture_log.exists() else ""):
+        # (capture is ready once it streams)
+        while not _ready(f"{ports.url('capture')}/ready"):
             if stop.wait(0.2) or sup.failed() is not None:
                 break
         counter = [0]
@@ -146,7 +183,7 @@ tailrace demo: writing changes to shop.customers and shop.orders every second; t
         while not stop.is_set():
             dead = sup.failed()
             if dead is not None:
-                print(f"tailrace demo: {dead.name} exited; see {dead.log_path}", file=sys.stderr)
+                print(exit_message(dead, "tailrace demo"), file=sys.stderr)
                 return 1
             if deadline is not None and time.monotonic() >= deadline:
                 break

@@ -1,6 +1,6 @@
 """`tailrace`: run a pipeline locally (`up`), the end-to-end demo (`demo`), and the admin client
 for a running control service (`pipelines`, `checkpoints`, `schemas`, `drift`, `dlq`,
-`pause`, `resume`, `rewind`)."""
+`pause`, `resume`, `rewind`, `audit`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from tailrace.errors import ConfigError
+from tailrace.logs import add_log_options
 from tailrace_services.cli import admin
 
 
@@ -22,12 +23,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the control service keeps its SQLite state")
     up.add_argument("--log-dir", default=None,
                     help="write each service's log to DIR/<service>.log instead of the terminal")
+    up.add_argument("--http-port", type=int, default=0, metavar="BASE",
+                    help="/health, /ready, /metrics of control on BASE, capture on BASE+1, "
+                         "delivery on BASE+2 (default: free ports, printed at start)")
+    add_log_options(up)
 
     demo = sub.add_parser("demo", help="throwaway PostgreSQL, broker, Redis and NATS, a sample "
                                        "pipeline, and changes arriving (what `make run` does)")
     demo.add_argument("--duration", type=float, default=None,
                       help="stop by itself after this many seconds (default: until Ctrl-C)")
     demo.add_argument("--dir", default=".tailrace/demo", help="logs and state (default %(default)s)")
+    add_log_options(demo)
 
     admin.add_commands(sub)
 
@@ -36,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             from tailrace_services.cli.up import run_up
 
-            return run_up(args.pipeline, args.state_dir, args.log_dir)
+            return run_up(args.pipeline, args.state_dir, args.log_dir, args.http_port,
+                          args.log_format, args.log_level)
         if args.command == "demo":
             from tailrace_services.cli.demo import run_demo
 
-            return run_demo(args.dir, args.duration)
+            return run_demo(args.dir, args.duration, args.log_format, args.log_level)
         if args.command in admin.COMMANDS:
             return admin.run(args)
     except ConfigError as e:

@@ -14,12 +14,15 @@ import json
 import os
 import sys
 from itertools import groupby
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from tailrace.control_client import ControlClient
 from tailrace.logs import redact
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.event_pb2 import ChangeEvent
+
+if TYPE_CHECKING:
+    from tailrace_services.delivery.sinks import Sink
 
 
 def replay(client: ControlClient, args: argparse.Namespace) -> int:
@@ -79,7 +82,7 @@ def _redeliver(entries: list[pb.DeadLetter], spec_path: str, pipeline: str) -> t
     if spec.name != pipeline:
         return 0, f"{spec_path} is pipeline {spec.name}, not {pipeline}"
     specs = {s.id: s for s in spec.spec.sinks}
-    sinks: dict[str, object] = {}
+    sinks: dict[str, Sink] = {}
     done = 0
     try:
         for sink_id, group in groupby(entries, key=lambda e: e.sink_id):
@@ -96,11 +99,11 @@ def _redeliver(entries: list[pb.DeadLetter], spec_path: str, pipeline: str) -> t
                 sink.open()
                 sinks[sink_id] = sink
             try:
-                sinks[sink_id].write(events)  # type: ignore[attr-defined]
+                sinks[sink_id].write(events)
             except Exception as e:
                 return done, redact(f"sink {sink_id}: {type(e).__name__}: {e}")
             done = batch[-1].sequence
         return done, ""
     finally:
         for sink in sinks.values():
-            sink.close()  # type: ignore[attr-defined]
+            sink.close()

@@ -7,6 +7,8 @@
 - `schemas.py` — the schema registry; `identities.py`, `health.py` — server identities,
   reconcile records and health reports;
 - `dlq.py` — the dead-letter queues; `pipelines.py`, `admin.py` — the admin API;
-- `auth.py`, `status.py`, `server.py`, `main.py` — token, gRPC status, wiring, entry point;
+- `roles.py`, `tokens.py`, `auth.py`, `audit.py` — which role each RPC needs, the tokens,
+  the check of every call, and the audit log of every change;
+- `status.py`, `server.py`, `main.py` — gRPC status, wiring (TLS), entry point;
 - `testing.py` — the service as a real subprocess for tests.
 """

@@ -1,21 +1,24 @@
-"""The admin API: pipelines and their state, pause/resume, checkpoints per sink with lag,
-rewind/reset of a sink's checkpoint. Mutations need the admin token (see auth.py).
+"""The admin API: pipelines and their state, pause/resume, checkpoints per sink with lag and
+last error, rewind/reset of a sink's checkpoint. Mutations need the admin token (see auth.py).
 
-Lag of a sink: `lag_offsets` — bus records between its checkpoint and the latest epoch,
-summed over partitions; `lag_seconds` — the latest epoch's time minus the time of the
-last epoch the sink's checkpoint reached.
+Lag of a sink (lag.py): bus records, source seconds, and WAL bytes (PostgreSQL) or
+transactions (MySQL/MariaDB) between its checkpoint and the latest epoch.
+
+A rewind (or reset) bumps the checkpoint's rewind generation: exactly-once sinks name the
+checkpoint they keep beside the data by it, so they do not skip what they already had and
+the sink receives it again, as the confirmation says.
 """
 
 from __future__ import annotations
 
 import grpc
 
-from tailrace.events import position_key
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace_services.control.checkpoints import CheckpointConflict, CheckpointStore, describe
 from tailrace_services.control.epochs import EpochStore
+from tailrace_services.control.lag import sink_lag
 from tailrace_services.control.pipelines import PipelineRegistry
 from tailrace_services.control.status import (
     Aborted,
@@ -28,24 +31,25 @@ from tailrace_services.control.status import (
 log = get_logger(__name__)
 
 
-def lag(cp: pb.Checkpoint | None, latest: pb.Epoch | None, history: list[pb.Epoch]
-        ) -> tuple[int, float]:
-    """(offsets behind, seconds behind) of one sink."""
-    if latest is None:
-        return 0, 0.0
-    offsets = sum(max(0, end - (cp.bus_offsets.get(p, 0) if cp is not None else 0))
-                  for p, end in latest.end_offsets.items())
-    if offsets == 0 and cp is not None:
-        return 0, 0.0
-    reached = None
-    if cp is not None:
-        reached = next((e for e in reversed(history)
-                        if position_key(e.position) <= position_key(cp.position)), None)
-    if reached is None and history:  # before the oldest retained epoch: at least this much
-        reached = history[0]
-    if reached is None:
-        return offsets, 0.0
-    return offsets, max(0, latest.ts_unix_ms - reached.ts_unix_ms) / 1000
+def sink_checkpoints(pipelines: PipelineRegistry, checkpoints: CheckpointStore,
+                     epochs: EpochStore, info: pb.PipelineInfo) -> pb.SinkCheckpointsResponse:
+    """Every sink of `info` with its checkpoint, lag and last error (admin API, metrics)."""
+    latest = epochs.latest(info.source_id)
+    history = epochs.history(info.source_id) if latest is not None else []
+    failing = pipelines.sink_health(info.name)
+    out = pb.SinkCheckpointsResponse(pipeline=info.name, source_id=info.source_id,
+                                     latest_epoch=latest)
+    for sink in info.sinks:
+        cp = checkpoints.get(info.source_id, sink.id)
+        lag = sink_lag(cp, latest, history, info.source_type)
+        health = failing.get(sink.id, pb.SinkHealth())
+        out.sinks.append(pb.SinkCheckpoint(
+            sink_id=sink.id, required=sink.required, found=cp is not None, checkpoint=cp,
+            lag_offsets=lag.offsets, lag_seconds=lag.seconds, lag_bytes=lag.bytes,
+            lag_transactions=lag.transactions, last_error=health.last_error,
+            failing_since_unix_ms=health.failing_since_unix_ms,
+            failed_batches=health.failed_batches))
+    return out
 
 
 class AdminServicer(rpc.AdminServicer):
@@ -84,17 +88,7 @@ class AdminServicer(rpc.AdminServicer):
                     ) -> pb.SinkCheckpointsResponse:
         require(request, "name")
         info = self._pipelines.must_get(request.name)
-        latest = self._epochs.latest(info.source_id)
-        history = self._epochs.history(info.source_id) if latest is not None else []
-        out = pb.SinkCheckpointsResponse(pipeline=info.name, source_id=info.source_id,
-                                         latest_epoch=latest)
-        for sink in info.sinks:
-            cp = self._checkpoints.get(info.source_id, sink.id)
-            offsets, seconds = lag(cp, latest, history)
-            out.sinks.append(pb.SinkCheckpoint(
-                sink_id=sink.id, required=sink.required, found=cp is not None, checkpoint=cp,
-                lag_offsets=offsets, lag_seconds=seconds))
-        return out
+        return sink_checkpoints(self._pipelines, self._checkpoints, self._epochs, info)
 
     def Rewind(self, request: pb.RewindRequest, context: grpc.ServicerContext
                ) -> pb.RewindResponse:
@@ -118,7 +112,8 @@ class AdminServicer(rpc.AdminServicer):
         if current is None:
             raise FailedPrecondition(f"sink {request.sink_id} has no checkpoint yet; it already "
                                      "starts from the earliest available position")
-        new = pb.Checkpoint(pipeline=info.name, source_id=info.source_id, sink_id=request.sink_id)
+        new = pb.Checkpoint(pipeline=info.name, source_id=info.source_id, sink_id=request.sink_id,
+                            rewind=current.rewind + 1)
         if target == "to_sequence":
             if request.to_sequence >= current.position.tx_seq:
                 raise FailedPrecondition(
@@ -134,7 +129,7 @@ class AdminServicer(rpc.AdminServicer):
             raise Aborted(str(e)) from None
         log.warning("sink checkpoint rewound", pipeline=info.name, sink=request.sink_id,
                     before=describe(current), after="earliest" if target == "reset" else
-                    describe(stored))
+                    describe(stored), rewind=stored.rewind)
         return pb.RewindResponse(before=current, after=stored)
 
     def _epoch_at(self, source_id: str, tx_seq: int) -> pb.Epoch:

@@ -1,7 +1,16 @@
-"""Checkpoints: one per sink, moved only by compare-and-set and only forwards."""
+"""Checkpoints: one per sink, moved only by compare-and-set, only forwards, and never past
+what capture published.
+
+A checkpoint tells capture how much source log it may release (a PostgreSQL slot is
+confirmed up to the minimum checkpoint) and delivery where to resume on the bus. One
+past the latest epoch that capture recorded names changes that were never published:
+accepting it would let the source discard them. So a commit whose position or bus
+offsets are beyond the source's latest epoch is refused (`FailedPrecondition`).
+"""
 
 from __future__ import annotations
 
+import builtins
 import time
 
 import grpc
@@ -9,7 +18,8 @@ import grpc
 from tailrace.events import position_key
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
-from tailrace_services.control.status import InvalidArgument
+from tailrace_services.control.epochs import EpochStore
+from tailrace_services.control.status import FailedPrecondition, InvalidArgument
 from tailrace_services.control.storage import CasConflict, Storage
 
 
@@ -36,6 +46,7 @@ class CheckpointStore:
 
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
+        self._epochs = EpochStore(storage)
 
     def get(self, source_id: str, sink_id: str) -> pb.Checkpoint | None:
         found = self._storage.kv_get(checkpoint_key(source_id, sink_id))
@@ -64,6 +75,8 @@ class CheckpointStore:
         """
         now = int(time.time() * 1000)
         writes, stored = [], []
+        for cp, _ in items:
+            self._refuse_unpublished(cp)
         for cp, expected in items:
             current = self.get(cp.source_id, cp.sink_id)
             if current is not None and current.version == expected and (
@@ -91,6 +104,26 @@ class CheckpointStore:
             cp.version = version
         return stored
 
+    def _refuse_unpublished(self, cp: pb.Checkpoint) -> None:
+        if position_key(cp.position) == (0, 0) and not any(cp.bus_offsets.values()):
+            return  # the origin: names nothing (delivery may commit it before any epoch)
+        latest = self._epochs.latest(cp.source_id)
+        where = f"tx {cp.position.tx_seq}.{cp.position.event_index}"
+        if latest is None:
+            raise FailedPrecondition(
+                f"checkpoint of sink {cp.sink_id} at {where}: source {cp.source_id} has "
+                "recorded no epoch yet, so nothing it names was published; checkpoints follow "
+                "the epochs capture records")
+        beyond = [f"partition {p} offset {o} > {latest.end_offsets.get(p, 0)}"
+                  for p, o in sorted(cp.bus_offsets.items()) if o > latest.end_offsets.get(p, 0)]
+        if position_key(cp.position) > position_key(latest.position) or beyond:
+            raise FailedPrecondition(
+                f"checkpoint of sink {cp.sink_id} at {where}"
+                f"{' (' + ', '.join(beyond) + ')' if beyond else ''} is beyond the latest epoch "
+                f"of source {cp.source_id} (epoch {latest.epoch_id} at tx "
+                f"{latest.position.tx_seq}.{latest.position.event_index}): it names changes "
+                "that were never published, and accepting it would let the source discard them")
+
     def overwrite(self, cp: pb.Checkpoint, expected_version: int) -> pb.Checkpoint:
         """Set a checkpoint backwards (admin rewind/reset); still compare-and-set on the version."""
         new = _stamped(cp, int(time.time() * 1000))
@@ -115,12 +148,14 @@ class CheckpointStore:
             out.append(cp)
         return out
 
-    def minimum(self, source_id: str, sink_ids: list[str]) -> pb.Checkpoint | None:
+    def minimum(self, source_id: str, sink_ids: builtins.list[str]  # `list` is a method here
+                ) -> pb.Checkpoint | None:
         """The least advanced of the given sinks; None if any has no checkpoint yet."""
         cps = [self.get(source_id, s) for s in sink_ids]
-        if not cps or any(cp is None for cp in cps):
+        found = [cp for cp in cps if cp is not None]
+        if not cps or len(found) < len(cps):
             return None
-        return min(cps, key=lambda cp: position_key(cp.position))  # type: ignore[arg-type,return-value]
+        return min(found, key=lambda cp: position_key(cp.position))
 
 
 def _stamped(cp: pb.Checkpoint, now_ms: int) -> pb.Checkpoint:

@@ -35,12 +35,6 @@ BATCHES = Counter("tailrace_control_batches", "Batch outcomes reported by delive
                   ["pipeline", "outcome"])
 
 
-def describe_policy(policy: pb.CommitPolicy) -> str:
-    if policy.kind == pb.POLICY_QUORUM:
-        return f"quorum {policy.quorum}"
-    return "all" if policy.kind == pb.POLICY_ALL else "required"
-
-
 def evaluate(policy: pb.CommitPolicy, sinks: Sequence[pb.SinkOutcome]) -> tuple[bool, str]:
     """(satisfied, reason when not)."""
     failed = [s.sink_id for s in sinks if not s.acknowledged]

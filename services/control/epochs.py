@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import grpc
 
-from tailrace.events import position_key
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
-from tailrace.proto.event_pb2 import Position
 from tailrace_services.control.status import require
 from tailrace_services.control.storage import Storage
 
@@ -62,14 +60,6 @@ class EpochStore:
         epochs = [e for e in self.history(source_id) if e.epoch_id > after_epoch_id
                   and (up_to_epoch_id == 0 or e.epoch_id <= up_to_epoch_id)]
         return epochs[:limit]
-
-    def at_or_before(self, source_id: str, position: Position) -> pb.Epoch | None:
-        """The last retained epoch whose position is at or before `position`."""
-        found = None
-        for epoch in self.history(source_id):
-            if position_key(epoch.position) <= position_key(position):
-                found = epoch
-        return found
 
 
 class EpochsServicer(rpc.EpochsServicer):

@@ -1,11 +1,13 @@
 """Health reports of sources and pipelines: what capture and delivery say about themselves.
 
 The control service's own `/health` is 503 while any source lost its position or any
-pipeline failed, with that reason; the admin API shows a pipeline's state from them.
+pipeline failed or is degraded (restarting without progress), with that reason; the admin
+API shows a pipeline's state from them.
 """
 
 from __future__ import annotations
 
+import builtins
 import time
 
 from tailrace.logs import get_logger, redact
@@ -15,8 +17,9 @@ from tailrace_services.control.storage import Storage
 log = get_logger(__name__)
 
 STATE_NAMES = {pb.HEALTH_RUNNING: "running", pb.HEALTH_POSITION_LOST: "position_lost",
-               pb.HEALTH_FAILED: "failed", pb.HEALTH_PAUSED: "paused"}
-UNHEALTHY = (pb.HEALTH_POSITION_LOST, pb.HEALTH_FAILED)
+               pb.HEALTH_FAILED: "failed", pb.HEALTH_PAUSED: "paused",
+               pb.HEALTH_DEGRADED: "degraded"}
+UNHEALTHY = (pb.HEALTH_POSITION_LOST, pb.HEALTH_FAILED, pb.HEALTH_DEGRADED)
 
 
 def describe(report: pb.HealthReport) -> str:
@@ -41,6 +44,8 @@ class HealthStore:
         stored = pb.HealthReport()
         stored.CopyFrom(report)
         stored.reason = redact(report.reason)[:2000]
+        for sink in stored.sinks:
+            sink.last_error = redact(sink.last_error)[:1000]
         stored.ts_unix_ms = stored.ts_unix_ms or int(time.time() * 1000)
         previous = self.get(report.subject_id)
         self._storage.kv_put(_key(report.subject_id), stored.SerializeToString())
@@ -57,8 +62,9 @@ class HealthStore:
     def list(self) -> list[pb.HealthReport]:
         return [pb.HealthReport.FromString(v) for _, v, _ in self._storage.kv_scan("health::")]
 
-    def problems(self) -> list[pb.HealthReport]:
-        """Reports that make the control service unhealthy: a lost position, a failure."""
+    def problems(self) -> builtins.list[pb.HealthReport]:  # `list` is a method here
+        """Reports that make the control service unhealthy: a lost position, a failure, a
+        pipeline that restarts without progress."""
         return [r for r in self.list() if r.state in UNHEALTHY]
 
     def check(self) -> tuple[bool, str]:

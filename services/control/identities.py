@@ -43,7 +43,7 @@ class IdentityStore:
         return (pb.ServerIdentity.FromString(found[0]), found[1]) if found else None
 
     def compare(self, source_id: str, identity: pb.ServerIdentity
-                ) -> tuple[int, pb.ServerIdentity | None]:
+                ) -> tuple[pb.IdentityVerdict, pb.ServerIdentity | None]:
         """(verdict, stored identity); stores `identity` when nothing was stored."""
         while True:
             found = self.get(source_id)
@@ -109,7 +109,7 @@ class IdentitiesServicer(rpc.IdentitiesServicer):
         require(request, "source_id")
         _check_identity(request)
         verdict, previous = self._identities.compare(request.source_id, request.identity)
-        return pb.CompareIdentityResponse(verdict=verdict, previous=previous)  # type: ignore[arg-type]
+        return pb.CompareIdentityResponse(verdict=verdict, previous=previous)
 
     def Store(self, request: pb.StoreIdentityRequest, context: grpc.ServicerContext
               ) -> pb.StoreIdentityResponse:
@@ -133,7 +133,7 @@ class IdentitiesServicer(rpc.IdentitiesServicer):
         require(request, "subject_id")
         if request.state == pb.HEALTH_UNSPECIFIED:
             raise InvalidArgument("HealthReport.state is required: running, position_lost, "
-                                  "failed or paused")
+                                  "failed, paused or degraded")
         self._health.report(request)
         return pb.ReportHealthResponse()
 

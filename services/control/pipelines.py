@@ -1,5 +1,8 @@
 """The pipeline registry: what capture and delivery registered, the operator's pause, and the
-state shown to operators (paused, failed + reason from health reports, running).
+state shown to operators (paused, failed or degraded + reason from health reports, running),
+with each sink's last error as delivery reported it (a running pipeline whose optional sink
+fails, or whose required sink fails retryably before it turns degraded, says so in its
+reason).
 
 Capture and delivery register at start with ids and types only — never DSNs, URLs or
 secrets; a value that looks like one is refused.
@@ -21,6 +24,18 @@ log = get_logger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LOOKS_SECRET = re.compile(r"://|@|=|\s")  # URLs, user@host, key=value DSNs
+
+
+# Health reports that change a pipeline's state, the worst first.
+_BY_SEVERITY = (((pb.HEALTH_FAILED, pb.HEALTH_POSITION_LOST), pb.PIPELINE_FAILED),
+                ((pb.HEALTH_DEGRADED,), pb.PIPELINE_DEGRADED))
+
+
+def failing_sinks(info: pb.PipelineInfo) -> str:
+    """Why a running pipeline is not all well: `sink <id> failing (<n> batches): <error>`."""
+    return "; ".join(f"sink {s.id} failing ({s.failed_batches} batch"
+                     f"{'' if s.failed_batches == 1 else 'es'} in a row): {s.last_error}"
+                     for s in info.sinks if s.last_error)
 
 
 def _key(name: str) -> str:
@@ -87,24 +102,36 @@ class PipelineRegistry:
 
     def with_state(self, info: pb.PipelineInfo) -> pb.PipelineInfo:
         """Paused (by an operator) wins; then a failure or lost position reported by the
-        pipeline or its source; otherwise running. Also says which delivery instance owns
-        the pipeline."""
+        pipeline or its source; then degraded (delivery restarting without progress);
+        otherwise running. Also says which delivery instance owns the pipeline."""
         owner, _ = self._owners.get(info.name)
         if owner.generation:
             info.delivery_owner.CopyFrom(owner)
+        failing = self.sink_health(info.name)
+        for sink in info.sinks:
+            found = failing.get(sink.id, pb.SinkHealth())
+            sink.last_error = found.last_error
+            sink.failing_since_unix_ms = found.failing_since_unix_ms
+            sink.failed_batches = found.failed_batches
         paused = self._pause(info.name)
         if paused is not None:
             info.state = pb.PIPELINE_PAUSED
             info.reason = paused.reason or "paused by an operator"
             return info
-        for subject in (info.name, info.source_id):
-            report = self._health.get(subject)
-            if report is not None and report.state in (pb.HEALTH_FAILED, pb.HEALTH_POSITION_LOST):
-                info.state = pb.PIPELINE_FAILED
-                info.reason = describe(report)
+        reports = [r for r in (self._health.get(info.name), self._health.get(info.source_id))
+                   if r is not None]
+        for states, pipeline_state in _BY_SEVERITY:
+            report = next((r for r in reports if r.state in states), None)
+            if report is not None:
+                info.state, info.reason = pipeline_state, describe(report)
                 return info
-        info.state, info.reason = pb.PIPELINE_RUNNING, ""
+        info.state, info.reason = pb.PIPELINE_RUNNING, failing_sinks(info)
         return info
+
+    def sink_health(self, name: str) -> dict[str, pb.SinkHealth]:
+        """The sinks that failed their last batch, as the pipeline's delivery reported."""
+        report = self._health.get(name)
+        return {s.sink_id: s for s in report.sinks if s.last_error} if report else {}
 
     def pause(self, name: str, reason: str) -> pb.PipelineInfo:
         self.must_get(name)

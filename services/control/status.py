@@ -48,6 +48,13 @@ def require(request: Any, *fields: str) -> None:
                               f"{'is' if len(missing) == 1 else 'are'} required")
 
 
+def status_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
+    """The status code set on the RPC so far (None: none yet)."""
+    # ServicerContext.code() is in grpc (an experimental API) but not in types-grpcio.
+    code: grpc.StatusCode | None = context.code()  # type: ignore[attr-defined]
+    return code
+
+
 def _guarded(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]
              ) -> Callable[[Any, grpc.ServicerContext], Any]:
     def handle(request: Any, context: grpc.ServicerContext) -> Any:
@@ -59,7 +66,7 @@ def _guarded(method: str, behavior: Callable[[Any, grpc.ServicerContext], Any]
             log.warning("storage unavailable", method=method, error=str(e))
             context.abort(grpc.StatusCode.UNAVAILABLE, redact(str(e)))
         except Exception as e:
-            if context.code() is not None:  # the servicer aborted on its own
+            if status_code(context) is not None:  # the servicer aborted on its own
                 raise
             log.exception("control request failed", method=method)
             context.abort(grpc.StatusCode.INTERNAL,

@@ -35,11 +35,13 @@ class BatchReport:
     acked: dict[str, bool] = field(default_factory=dict)
     delivered: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    error_classes: dict[str, str] = field(default_factory=dict)  # retryable | non_retryable
     write_s: dict[str, float] = field(default_factory=dict)
     e2e_ms_max: float = 0.0
     dead_letters: int = 0
     policy_satisfied: bool = True
     reason: str = ""
+    advanced: list[str] = field(default_factory=list)  # sinks whose checkpoint moved forward
 
     @property
     def lagging(self) -> list[str]:
@@ -93,6 +95,7 @@ class BatchCommitter:
                 report.e2e_ms_max = max(report.e2e_ms_max, o["e2e_ms_max"])
                 if o["error"]:
                     report.errors[sid] = f"{o['error_class']}: {o['error']}"
+                    report.error_classes[sid] = o["error_class"]
         return report
 
     def dead_letter(self, rows: list[Any]) -> int:
@@ -104,7 +107,7 @@ class BatchCommitter:
         journal = self.pipeline.spec.journal
         appended, dropped, rejected = self.control.dlq_append(
             self.pipeline.name, entries, journal.overflow, journal.max_entries,
-            _duration_s(journal.ttl))
+            journal.ttl.total_seconds())
         if rejected:
             raise RetryableError(
                 f"dead-letter queue of pipeline {self.pipeline.name} is full "
@@ -119,6 +122,7 @@ class BatchCommitter:
                        ) -> pb.Checkpoint:
         cp = pb.Checkpoint(pipeline=self.pipeline.name, source_id=self.source_id, sink_id=sink_id)
         if old is not None:
+            cp.rewind = old.rewind  # the generation an operator's rewind set carries forward
             cp.position.CopyFrom(old.position)
             for p, o in old.bus_offsets.items():
                 cp.bus_offsets[p] = o
@@ -158,11 +162,22 @@ class BatchCommitter:
         for cp in answer.checkpoints if answer.committed else []:
             self._own_versions[cp.sink_id] = cp.version
             self.last_committed[cp.sink_id] = cp
+            if _moved(before.get(cp.sink_id), cp):
+                report.advanced.append(cp.sink_id)
+
+    def blocking_failures(self, report: BatchReport) -> dict[str, str]:
+        """The non-retryable errors of sinks the commit policy waits for (`required`: the
+        required sinks; `all` and `quorum`: every sink): retrying cannot satisfy it."""
+        gating = {s for s, spec in self.sinks.items()
+                  if spec.required or self.pipeline.spec.commit_policy != "required"}
+        return {s: report.errors[s].removeprefix(f"{cls}: ")
+                for s, cls in report.error_classes.items()
+                if cls == "non_retryable" and s in gating and not report.acked.get(s, True)}
 
 
-def _duration_s(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    text = text.strip()
-    if text and text[-1] in units:
-        return float(text[:-1]) * units[text[-1]]
-    return float(text)
+def _moved(old: pb.Checkpoint | None, new: pb.Checkpoint) -> bool:
+    if old is None:
+        return True
+    return position_key(new.position) > position_key(old.position) or any(
+        offset > old.bus_offsets.get(p, 0) for p, offset in new.bus_offsets.items())
+

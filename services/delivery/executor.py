@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 
 from tailrace.config import PipelineSpec
+from tailrace.logs import setup_from_env
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
@@ -26,7 +27,7 @@ _RESULT_ARROW = pa.schema([
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers).
 _SINKS: dict[tuple[str, str], Sink] = {}
-# Processor chains (parsed expressions), built once per worker process and pipeline.
+# Processor chains (compiled expressions), built once per worker process and pipeline.
 _CHAINS: dict[str, ProcessorChain] = {}
 
 
@@ -62,17 +63,21 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
+def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
+                    rewinds: dict[str, int] | None = None
                     ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions.
+    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions,
+    `rewinds` the rewind generations of the sinks' checkpoints.
 
     A partial of a module-level function, so Spark pickles it by reference.
     """
-    return functools.partial(deliver_batches, pipeline, checkpoints)
+    return functools.partial(deliver_batches, pipeline, checkpoints, rewinds or {})
 
 
 def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
-                    batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                    rewinds: dict[str, int], batches: Iterator[pa.RecordBatch]
+                    ) -> Iterator[pa.RecordBatch]:
+    setup_from_env("delivery")  # a Spark Python worker: log as the service does
     positions = {k: (Position.FromString(v) if v is not None else None)
                  for k, v in checkpoints.items()}
     records: list[tuple[int, bytes]] = []
@@ -89,7 +94,7 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
         result = deliver_slice(partition, records, _sinks(pipeline), positions,
                                pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
                                processors=_chain(pipeline),
-                               journal=spec.journal.enabled)
+                               journal=spec.journal.enabled, rewinds=rewinds)
     except Exception:
         close_sinks(pipeline.name)  # reconnect on the retry
         raise

@@ -2,10 +2,10 @@
 
 Every sink sees the same batches in the same order; each skips what it already
 has (its high-water mark). A sink's outcome is `acked` only if every batch
-reached it. Errors are classified by the sink: retryable ones are retried with
-backoff and jitter (the sink's policy); after the last attempt, or on a
-non-retryable error, the sink stops here for this slice and its checkpoint
-stays where it was; a fatal error stops the pipeline.
+reached it. A sink raises Tailrace errors (`sinks/base.py`): a `RetryableError` is
+retried with backoff and jitter (the sink's policy); after the last attempt, or on a
+`NonRetryableError`, the sink stops here for this slice and its checkpoint stays where
+it was; a `FatalError` or a `ConfigError` stops the pipeline.
 """
 
 from __future__ import annotations
@@ -14,14 +14,21 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
-from tailrace.errors import FatalError
+from tailrace.errors import ConfigError, FatalError, RetryableError
 from tailrace.events import position_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Position
 from tailrace.retry import call_with_retry
-from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass, PerEventError, Sink
+from tailrace_services.delivery.sinks.base import (
+    BatchCommit,
+    PerEventError,
+    Sink,
+    class_name,
+    error_class,
+)
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -41,12 +48,8 @@ class SinkOutcome:
     dead_letters: list[tuple[ChangeEvent, str]] = field(default_factory=list)
 
 
-def pending_for(events: Sequence[ChangeEvent], after: Position | None) -> list[ChangeEvent]:
-    """Events past the high-water mark `after`, in bus order, each position once."""
-    return _pending(events, position_key(after) if after is not None else (-1, -1))
-
-
 def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeEvent]:
+    """Events past the high-water mark `hwm`, in bus order, each position once."""
     out = []
     for event in batch:
         key = position_key(event.position)
@@ -59,13 +62,15 @@ def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeE
 def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after: Position | None,
                     commit_for: Callable[[Sink, Position], BatchCommit],
                     dead_letter: bool, sleep: Callable[[float], None] | None = None,
-                    partition: int = 0) -> SinkOutcome:
-    """All batches to one sink, in order; never raises except FatalError."""
+                    partition: int = 0, rewind: int = 0) -> SinkOutcome:
+    """All batches to one sink, in order; never raises except FatalError and ConfigError.
+    `rewind`: the rewind generation of the sink's control checkpoint (which stored checkpoint
+    to read)."""
     outcome = SinkOutcome(sink.id, sink.required)
     hwm = position_key(after) if after is not None else (-1, -1)
     started = time.monotonic()
     try:
-        stored = _retry(sink, lambda: _open(sink, partition), sleep)
+        stored = _retry(sink, lambda: _open(sink, partition, rewind), sleep)
     except Exception as e:  # noqa: BLE001 - classified in _give_up
         return _give_up(sink, outcome, e)
     if stored is not None and position_key(stored) > hwm:
@@ -76,35 +81,37 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
         outcome.write_s = time.monotonic() - started
 
 
-def _open(sink: Sink, partition: int) -> Position | None:
+def _open(sink: Sink, partition: int, rewind: int = 0) -> Position | None:
     """Open once per worker (connect, check the destination), then read its stored checkpoint.
 
     Read on every slice, not cached: Spark may run the previous batch of this partition in
     another Python worker, which may have written past what this worker last saw."""
     if not getattr(sink, "_opened", False):
         sink.open()
-        sink._opened = True  # type: ignore[attr-defined]
-    return sink.stored_position(partition)
+        sink._opened = True
+    return sink.stored_position(partition, rewind)
 
 
 def _retry(sink: Sink, fn: Callable[[], T], sleep: Callable[[float], None] | None) -> T:
     return call_with_retry(
         fn, base_s=sink.retry.base_s, max_s=sink.retry.max_s, attempts=sink.retry.attempts,
-        retryable=lambda e: sink.classify(e) is ErrorClass.RETRYABLE,
+        retryable=lambda e: error_class(e) is RetryableError,
         on_retry=lambda n, e, d: log.warning("sink call failed; retrying", sink=sink.id,
                                              attempt=n, error=str(e), retry_in_s=round(d, 3)),
         sleep=sleep or time.sleep)
 
 
 def _give_up(sink: Sink, outcome: SinkOutcome, error: Exception) -> SinkOutcome:
-    cls = sink.classify(error)
-    if cls is ErrorClass.FATAL:
+    cls = error_class(error)
+    if cls is ConfigError:
+        raise error  # names the sink and the setting already
+    if cls is FatalError:
         raise FatalError(f"sink {sink.id}: {error}") from error
     outcome.acked = False
-    outcome.error_class = cls.value
+    outcome.error_class = class_name(cls)
     outcome.error = f"{type(error).__name__}: {error}"
     log.error("sink gave up on this batch", sink=sink.id, required=sink.required,
-              error_class=cls.value, error=outcome.error)
+              error_class=outcome.error_class, error=outcome.error)
     return outcome
 
 
@@ -118,8 +125,7 @@ def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: 
             continue
         commit = commit_for(sink, todo[-1].position)
         try:
-            _retry(sink, lambda todo=todo, commit=commit: _write(sink, todo, commit, dead_letter,
-                                                                outcome), sleep)
+            _retry(sink, partial(_write, sink, todo, commit, dead_letter, outcome), sleep)
         except Exception as e:  # noqa: BLE001 - classified in _give_up
             return _give_up(sink, outcome, e)
         outcome.delivered += len(todo)
@@ -150,12 +156,17 @@ def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_lett
 def fan_out(sinks: Sequence[Sink], batches: Sequence[Sequence[ChangeEvent]],
             checkpoints: dict[str, Position | None],
             commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
-            partition: int = 0) -> list[SinkOutcome]:
-    """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError."""
+            partition: int = 0, rewinds: dict[str, int] | None = None) -> list[SinkOutcome]:
+    """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError or a
+    ConfigError.
+    `rewinds`: each sink's rewind generation (default 0)."""
+    rewinds = rewinds or {}
     if len(sinks) == 1:
         return [deliver_to_sink(sinks[0], batches, checkpoints.get(sinks[0].id), commit_for,
-                                dead_letter, partition=partition)]
+                                dead_letter, partition=partition,
+                                rewind=rewinds.get(sinks[0].id, 0))]
     with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="sink") as pool:
         futures = [pool.submit(deliver_to_sink, s, batches, checkpoints.get(s.id), commit_for,
-                               dead_letter, None, partition) for s in sinks]
+                               dead_letter, None, partition, rewinds.get(s.id, 0))
+                   for s in sinks]
         return [f.result() for f in futures]

@@ -14,10 +14,31 @@ A crash anywhere before step 3 re-delivers the batch (at least once; exactly-onc
 sinks skip it through the checkpoint they store with the data). When a sink did not
 acknowledge, the query restarts from the least advanced checkpoint after a backoff,
 so a lagging sink catches up while the others skip what they have.
+
+A restart the job asks for (the pipeline paused, a sink behind, the commit policy not
+met) is not an error of the query: the batch callback records why and returns, every
+later batch of that query returns at once without writing or committing anything, and
+the driver stops the query and starts a new one from the control-service checkpoints.
+So a pause or a refusing sink costs one log line, not a Spark/py4j traceback. The driver
+also asks every PAUSE_CHECK_S whether the pipeline was paused, so a pause stops the query
+on an idle source too, before an operator rewinds a sink.
+
+Health (health.py): a non-retryable error of a sink the commit policy waits for makes the
+pipeline `failed` at once; restarts in a row without a checkpoint advancing make it
+`degraded`; the batch is retried with backoff either way, and a batch that moves a
+checkpoint makes it `running` again. Each change goes to the control service.
+
+Fatal, never restarted: a `FatalError` (a fenced producer, a checkpoint moved by someone
+else) and a `ConfigError` (the spec asks for something that cannot work: a librdkafka
+setting the client refuses, an unreadable TLS file of a sink). Raised on the driver or on
+an executor (where it reaches the driver as the text of a Java-wrapped Python traceback,
+recognised by the error's class name), it makes the pipeline `failed` with the reason,
+says so to the control service, and `run` raises it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -29,23 +50,25 @@ from collections.abc import Callable
 from typing import Any
 
 from tailrace.config import PipelineSpec
+from tailrace.control_access import service_client
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError, FencedError, RetryableError
+from tailrace.errors import ConfigError, FatalError, FencedError, TailraceError
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
 from tailrace_services.delivery.committer import BatchCommitter, BatchReport
 from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
-from tailrace_services.delivery.source import BusDataSource
+from tailrace_services.delivery.health import PipelineHealth
+from tailrace_services.delivery.source import BusDataSource, bus_options, control_options
+from tailrace_services.delivery.sparklog import spark_log4j_config
 
 log = get_logger(__name__)
 
 
 LAG_EVERY_S = 5.0
-
-
-class _Restart(Exception):
-    """Stop this query and start a new one from the control-service checkpoints."""
+PAUSE_CHECK_S = 2.0  # how often the driver asks whether an operator paused the pipeline
+_NON_RETRYABLE = re.compile(r"\bNonRetryableError\b")
+_CONFIG_ERROR = re.compile(r"\bConfigError: ")
 
 
 def spark_session(app: str, master: str) -> Any:
@@ -54,15 +77,19 @@ def spark_session(app: str, master: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    log4j = f"-Dlog4j2.configurationFile=file:{spark_log4j_config()}"
     spark = (SparkSession.builder.appName(app).master(master)
+             .config("spark.driver.extraJavaOptions", log4j)
+             .config("spark.executor.extraJavaOptions", log4j)
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "4")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.python.worker.reuse", "true")
              .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
              .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(BusDataSource)
     return spark
 
@@ -83,32 +110,52 @@ def _start_spark(app: str, master: str, attempts: int = 3) -> Any:
 
 class DeliveryJob:
     def __init__(self, pipeline: PipelineSpec, control: ControlClient,
-                 on_batch: Callable[[BatchReport, float], None] | None = None) -> None:
+                 on_batch: Callable[[BatchReport, float], None] | None = None,
+                 health: PipelineHealth | None = None) -> None:
         self.pipeline = pipeline
         self.control = control
         self.on_batch = on_batch  # (report, seconds) after every committed batch
+        self.health = health or PipelineHealth()
         self.committer = BatchCommitter(pipeline, control)
         self.events_delivered = 0
         self.restart_reason = ""
+        self.in_batch = False  # the driver waits for a batch in flight before stopping
         self._lag_at = -LAG_EVERY_S
 
     def process_batch(self, df: Any, batch_id: int) -> None:
+        """The `foreachBatch` callback; a restart it asks for is recorded, never raised."""
+        self.in_batch = True  # before looking at restart_reason: see run()'s stop condition
+        try:
+            if self.restart_reason:  # this query is about to be stopped: write nothing more
+                return
+            self._process(df, batch_id)
+        finally:
+            self.in_batch = False
+
+    def _process(self, df: Any, batch_id: int) -> None:
         name = self.pipeline.name
         started = time.monotonic()
         info = self.control.get_pipeline(name)
         self.committer.check_owner(info.delivery_owner)
         if info.state == pb.PIPELINE_PAUSED:
             self.restart_reason = "paused"
-            raise _Restart("pipeline paused")
+            return
         before = self.committer.read()
         positions = {k: (v.position.SerializeToString() if v is not None else None)
                      for k, v in before.items()}
-        rows = df.mapInArrow(make_deliver_fn(self.pipeline, positions), RESULT_SCHEMA).collect()
+        rewinds = {k: v.rewind for k, v in before.items() if v is not None and v.rewind}
+        rows = df.mapInArrow(make_deliver_fn(self.pipeline, positions, rewinds),
+                             RESULT_SCHEMA).collect()
         delivered_at = time.monotonic()
         report = self.committer.summarize(rows)
         report.dead_letters = self.committer.dead_letter(rows)
         self.committer.commit(before, rows, report)
         committed_at = time.monotonic()
+        self.health.sinks_done(report.acked, report.errors)
+        for sink, error in report.errors.items():
+            log.error("sink did not acknowledge the batch", pipeline=name, sink=sink,
+                      required=self.committer.sinks[sink].required, batch=batch_id,
+                      error_class=report.error_classes.get(sink, ""), error=error)
 
         metrics.BATCH_EVENTS.labels(name).observe(report.events)
         metrics.BATCH_SECONDS.labels(name, "deliver").observe(delivered_at - started)
@@ -130,13 +177,52 @@ class DeliveryJob:
         if self.on_batch is not None:
             self.on_batch(report, committed_at - started)
         if not report.policy_satisfied:
-            raise RetryableError(f"commit policy {self.pipeline.spec.commit_policy!r} not met, "
-                                 f"no checkpoint moved: {report.reason}; the batch is retried")
-        if report.lagging:
-            self.restart_reason = f"sinks {', '.join(report.lagging)} behind: " + "; ".join(
-                report.errors.values())
-            raise _Restart(self.restart_reason)
+            self._blocked(report)
+            return
+        self.health.committed(advanced=bool(report.advanced))
+        metrics.RESTARTS_WITHOUT_PROGRESS.labels(name).set(self.health.restarts)
+        self.publish_health()
+        if report.lagging:  # (a pause the driver saw meanwhile is kept)
+            self.restart_reason = self.restart_reason or (
+                f"sinks {', '.join(report.lagging)} behind: " + "; ".join(report.errors.values()))
 
+    def _blocked(self, report: BatchReport) -> None:
+        """No checkpoint moved: say why (failed now if retrying cannot help); the query is
+        restarted to retry the batch."""
+        policy = self.pipeline.spec.commit_policy
+        blocking = self.committer.blocking_failures(report)
+        if blocking:
+            sinks = f"sink{'s' if len(blocking) > 1 else ''} {', '.join(blocking)}"
+            reason = (f"{sinks} failed with a non-retryable error, so no checkpoint can move: "
+                      f"{'; '.join(blocking.values())}; the batch is retried with backoff "
+                      "until the sink is fixed")
+        else:
+            reason = f"{report.reason}: " + "; ".join(
+                f"sink {s}: {e}" for s, e in report.errors.items())
+        self.health.blocked(reason, non_retryable=bool(blocking))
+        self.publish_health()  # fail now: before the backoff, not after it
+        log.warning("commit policy not met, no checkpoint moved; the batch is retried",
+                    policy=str(policy), reason=report.reason)
+        self.restart_reason = self.restart_reason or reason
+
+    def check_paused(self) -> None:
+        """Between batches too: an operator's pause stops the query even on an idle source
+        (a rewind made while paused must not meet a query that still runs)."""
+        try:
+            if self.control.pipeline_state(self.pipeline.name)[0] == "paused":
+                self.restart_reason = self.restart_reason or "paused"
+        except TailraceError as e:  # the next check or batch asks again
+            log.debug("cannot ask the control service whether the pipeline is paused",
+                      error=str(e))
+
+    def publish_health(self) -> None:
+        """The pipeline's health to the control service (with its failing sinks), when it
+        changed."""
+        self.health.publish(lambda now: self.control.report_pipeline_health(
+            self.pipeline.name, now.state, now.reason, [
+                pb.SinkHealth(sink_id=s.sink_id, last_error=s.error,
+                              failing_since_unix_ms=s.since_unix_ms, failed_batches=s.batches)
+                for s in now.sinks]))
 
     def _record_lag(self) -> None:
         """Checkpoint lag per sink: bus offsets between the latest epoch and the checkpoint.
@@ -157,11 +243,14 @@ class DeliveryJob:
 
 def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
         stop_when: Callable[[], bool] | None = None,
-        on_batch: Callable[[BatchReport, float], None] | None = None) -> None:
+        on_batch: Callable[[BatchReport, float], None] | None = None,
+        health: PipelineHealth | None = None) -> None:
     """Run the streaming query until it fails fatally (raises) or the process is stopped.
-    `on_batch(report, seconds)` runs on the driver after every batch (benchmarks, embedding)."""
-    control = ControlClient(pipeline.spec.control.address)
-    job = DeliveryJob(pipeline, control, on_batch)
+    `on_batch(report, seconds)` runs on the driver after every batch (benchmarks, embedding);
+    `health` is kept up to date for the caller's `/health`."""
+    control = service_client(pipeline.spec.control)
+    job = DeliveryJob(pipeline, control, on_batch, health)
+    health = job.health
     control.register_pipeline(pipeline)
     claim = control.claim_delivery(pipeline.name, f"{socket.gethostname()}:{os.getpid()}")
     job.committer.generation = claim.owner.generation
@@ -170,16 +259,35 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                     generation=claim.owner.generation, fenced=claim.previous.instance)
     else:
         log.info("delivery owns the pipeline", generation=claim.owner.generation)
+    job.publish_health()  # the new owner starts running: what an older instance said is past
     spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master)
-    bus = pipeline.spec.bus
-    trigger_ms = max(pipeline.spec.batch.max_ms, 100)
-    delay = 1.0
     deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
 
     def should_stop() -> bool:
         return (stop_when is not None and stop_when()) or (
             deadline is not None and time.monotonic() >= deadline)
 
+    _queries(job, spark, master, should_stop)
+
+
+def stop_spark() -> None:
+    """Stop this process's Spark session, if one was started: a clean end of the JVM, without
+    py4j/accumulator tracebacks when the gateway goes away (the delivery process, at exit)."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark.sql import SparkSession
+
+    with contextlib.suppress(Exception):  # the JVM may be gone already (SIGTERM to the group)
+        session = SparkSession.getActiveSession()
+        if session is not None:
+            session.stop()
+
+
+def _queries(job: DeliveryJob, spark: Any, master: str, should_stop: Callable[[], bool]) -> None:
+    """Run streaming queries, one after another, until stopped or a fatal error."""
+    pipeline, control, health = job.pipeline, job.control, job.health
+    bus = pipeline.spec.bus
+    trigger_ms = pipeline.spec.batch.max_ms  # at least MIN_BATCH_MS (the loader checks)
     while not should_stop():
         if job.restart_reason == "paused":
             if control.pipeline_state(pipeline.name)[0] == "paused":
@@ -194,6 +302,8 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                       .option("brokers", bus.brokers).option("topic", pipeline.bus_topic)
                       .option("partitions", str(bus.partitions))
                       .option("control", pipeline.spec.control.address)
+                      .options(**control_options(pipeline.spec.control))
+                      .options(**bus_options(bus.client_config))
                       .option("source_id", pipeline.spec.source.id)
                       .option("sink_ids", ",".join(s.id for s in pipeline.spec.sinks))
                       .option("max_events", str(pipeline.spec.batch.max_events))
@@ -204,32 +314,72 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
                      .start())
             log.info("delivery running", pipeline=pipeline.name, master=master,
                      sinks=[s.id for s in pipeline.spec.sinks])
+            asked = time.monotonic()
             while query.isActive and not should_stop():
+                if job.restart_reason and not job.in_batch:  # a batch in flight ends first
+                    break
                 if query.awaitTermination(0.5):
                     break
+                if time.monotonic() - asked >= PAUSE_CHECK_S:
+                    asked = time.monotonic()
+                    job.check_paused()
             if query.isActive:
                 query.stop()
+            if should_stop():
                 return
-            query.awaitTermination()  # raises the query's error
-            delay = 1.0
+            if not job.restart_reason or query.exception() is not None:
+                query.awaitTermination()  # raises the query's error, if it failed by itself
         except Exception as e:  # a failed query is restarted from the control checkpoints
             text = str(e)
             if "FencedError" in text or isinstance(e, FencedError):
                 raise FencedError(_first_line(text, "FencedError")) from None  # not a failure
+            if _CONFIG_ERROR.search(text) or isinstance(e, ConfigError):
+                reason = _first_line(text, "ConfigError")
+                health.fatal(f"configuration error: {reason}")
+                job.publish_health()
+                raise ConfigError(reason) from None
             if "FatalError" in text or isinstance(e, FatalError):
                 reason = _first_line(text, "FatalError")
-                control.report_health(pipeline.name, "failed", reason)
+                health.fatal(reason)
+                job.publish_health()
                 raise FatalError(reason) from None
-            if job.restart_reason == "paused":
-                log.info("pipeline paused; waiting for resume")
-                continue
+            if should_stop() and job.restart_reason != "paused":
+                # e.g. SIGTERM reached the planner process first: not a restart
+                log.info("delivery stopping", error=_first_line(text, "Error"))
+                return
             what = job.restart_reason or _first_line(text, "Error")
-            job.restart_reason = ""
-            log.warning("restarting from checkpoints", reason=what, retry_in_s=delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            if not job.restart_reason and _NON_RETRYABLE.search(text):  # e.g. a processor
+                what = _first_line(text, "NonRetryableError")
+                health.blocked(what, non_retryable=True)
+            _restart(job, what, should_stop)
+        else:  # stopped for a restart the job asked for, or the query ended by itself
+            _restart(job, job.restart_reason or "the streaming query ended", should_stop)
         finally:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+def _restart(job: DeliveryJob, what: str, should_stop: Callable[[], bool]) -> None:
+    """After a query stopped: wait for a resume (paused), or count the restart without
+    progress, say so to the control service and back off before the next query."""
+    if what == "paused":  # the loop waits for the resume; no restart is counted
+        log.info("pipeline paused; waiting for resume")
+        return
+    job.restart_reason = ""
+    health = job.health
+    health.restarted(what)
+    metrics.RESTARTS_WITHOUT_PROGRESS.labels(job.pipeline.name).set(health.restarts)
+    job.publish_health()
+    delay = health.retry_delay()
+    log.warning("restarting from checkpoints", reason=what, retry_in_s=delay,
+                restarts_without_progress=health.restarts)
+    _sleep(delay, should_stop)
+
+
+def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """Wait, but return soon after a stop request (the backoff may be 30 s)."""
+    deadline = time.monotonic() + seconds
+    while not should_stop() and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
 
 
 def _first_line(text: str, marker: str) -> str:

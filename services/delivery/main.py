@@ -1,10 +1,22 @@
 """`tailrace-delivery PIPELINE.yaml`: the PySpark job that delivers the bus to the sinks.
 
+`/health` is 200 only while the pipeline moves. A non-retryable error of a sink the
+commit policy waits for (a wrong password, a missing privilege, a message too large)
+makes it 503 `failed` at once, with the sink and the error; the process keeps retrying
+the batch with backoff (1 s doubling to 30 s) and is healthy again after the first batch
+that moves a checkpoint, so fixing the sink is enough. Restarts in a row without a
+checkpoint advancing (5) make it 503 `degraded`, with the last error. The control
+service gets the same state (`tailrace pipelines`).
+
 On a fatal error the query stops, the reason goes to the control service, and the
 process keeps serving `/health` (503, with the reason) until it is stopped, so an
-operator or orchestrator can see why; the exit code is then 1. A newer delivery
-instance for the same pipeline fences this one: it exits at once with code 1 and
-says who took over.
+operator or orchestrator can see why; the exit code is then 1. A configuration error
+found while the pipeline runs (on the driver or on an executor: a librdkafka setting the
+client refuses, a sink's TLS file that cannot be read) is fatal the same way, never
+restarted, with exit code 2. One found before the pipeline starts (the spec itself, an
+unreadable control.token_file, TLS that does not fit the control service's) exits at
+once with code 2. A newer delivery instance for the same pipeline fences this one: it
+exits at once with code 1 and says who took over.
 """
 
 from __future__ import annotations
@@ -16,8 +28,8 @@ import sys
 import threading
 
 from tailrace.config import load_pipeline
-from tailrace.errors import ConfigError, FatalError, FencedError
-from tailrace.logs import get_logger, setup_logging
+from tailrace.errors import ConfigError, FatalError, FencedError, NonRetryableError
+from tailrace.logs import add_log_options, get_logger, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,46 +43,64 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve /health, /ready, /metrics on this port (0 = any free port)")
     parser.add_argument("--exit-on-fatal", action="store_true",
                         help="exit at once on a fatal error instead of serving 503 on /health")
-    parser.add_argument("--log-level", default="info")
+    add_log_options(parser)
     args = parser.parse_args(argv)
-    setup_logging("delivery", args.log_level)
+    setup_logging("delivery", args.log_level, fmt=args.log_format)
     log = get_logger()
     try:
         spec = load_pipeline(args.pipeline)
     except ConfigError as e:
         print(f"tailrace-delivery: invalid pipeline spec:\n{e}", file=sys.stderr)
         return 2
-    from tailrace_services.delivery.job import run
+    from tailrace_services.delivery.health import PipelineHealth
+    from tailrace_services.delivery.job import run, stop_spark
+    from tailrace_services.delivery.sparklog import route_stderr
 
-    state = {"ok": True, "reason": "", "ready": False}
+    health = PipelineHealth()
+    ready = threading.Event()
     stopped = threading.Event()
     side = None
     if args.http_port is not None:
         from tailrace.httpside import start_http_side
 
-        side = start_http_side(args.http_port, lambda: (state["ok"], state["reason"]),
-                               lambda: bool(state["ready"]))
+        side = start_http_side(args.http_port, health.http, ready.is_set)
         log.info("http side port", url=side.url)
 
+    def failed(reason: str, code: int) -> int:
+        """The pipeline stopped for good: say why on /health until stopped (or exit now)."""
+        health.fatal(reason)
+        log.error("delivery stopped", reason=reason, exit_code=code)
+        if side is not None and not args.exit_on_fatal:
+            with contextlib.suppress(KeyboardInterrupt):
+                stopped.wait()
+        return code
+
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the query stops within 0.5 s
+    restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:
-        state["ready"] = True
-        run(spec, master=args.master, stop_when=stopped.is_set)
+        ready.set()
+        run(spec, master=args.master, stop_when=stopped.is_set, health=health)
     except FencedError as e:  # the new owner carries on; serving 503 would only mislead
         log.error("delivery fenced; stopping", reason=str(e))
         return 1
     except FatalError as e:
-        state.update(ok=False, reason=str(e))
+        return failed(str(e), 1)
+    except ConfigError as e:
+        if health.current.state == "failed":  # found while running: the job said so already
+            return failed(health.current.reason, 2)
+        # before the pipeline ran: an unreadable control.token_file, TLS not fitting control's
+        log.error("delivery cannot start", reason=str(e))
+        return 2
+    except NonRetryableError as e:  # e.g. the control service refused the token
         log.error("delivery stopped", reason=str(e))
-        if side is not None and not args.exit_on_fatal:
-            with contextlib.suppress(KeyboardInterrupt):
-                stopped.wait()
         return 1
     except KeyboardInterrupt:
         log.info("delivery stopped by signal")
     finally:
         if side is not None:
             side.stop()
+        stop_spark()
+        restore_stderr()
     return 0
 
 

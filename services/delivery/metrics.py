@@ -20,3 +20,6 @@ DLQ_EVENTS = Counter("tailrace_delivery_dead_letters_total", "events sent to the
 CHECKPOINT_LAG = Gauge("tailrace_delivery_checkpoint_lag_offsets",
                        "bus offsets between the latest epoch and a sink's checkpoint",
                        ["pipeline", "sink"])
+RESTARTS_WITHOUT_PROGRESS = Gauge("tailrace_delivery_restarts_without_progress",
+                                  "query restarts in a row without a checkpoint advancing",
+                                  ["pipeline"])

@@ -7,38 +7,47 @@
   of their own.
 Expressions see the row's columns (the after-image; the before-image for
 deletes) plus `op`, `database`, `schema` and `table` unless the row has a
-column of that name. They are parsed with sqlglot's Spark dialect and
-evaluated per batch, grouped by table. An expression that fails on an event
-marks that event failed (it goes to the DLQ when the journal is on) and the
-others go on.
+column of that name. They were compiled when the spec loaded (`tailrace.config`
+refuses what the evaluator cannot run); a chain compiles them again once per
+worker process and evaluates them per batch, grouped by table, with sqlglot's
+Python executor. An expression that fails on an event (its values: a string
+divided by a number) marks that event failed (it goes to the DLQ when the journal
+is on) and the others go on.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.executor import execute
 
-from tailrace.config._model import FilterProcessor, RouteProcessor, TransformProcessor
+from tailrace.config import (
+    FilterProcessor,
+    RouteProcessor,
+    TransformProcessor,
+    compile_expression,
+    evaluation_query,
+)
 from tailrace.errors import ConfigError
 from tailrace.events import Column, Op, python_of, value_of
 from tailrace.events._codec import op_name
 from tailrace.proto.event_pb2 import ChangeEvent
+from tailrace.tables import TableMatcher
 
 Failure = tuple[ChangeEvent, str]
 
 
-def _parse(expression: str, field: str) -> exp.Expression:
+def _compile(expression: str, field: str, *, boolean: bool) -> exp.Expr:
+    """As at load; a refusal here (a worker whose sqlglot differs from the driver's) is a
+    configuration error that stops the pipeline."""
     try:
-        return sqlglot.parse_one(expression, dialect="spark")
-    except sqlglot.errors.ParseError as e:
-        raise ConfigError(f"{field}: not a valid Spark SQL expression {expression!r}: "
-                          f"{str(e).splitlines()[0]}") from None
+        return compile_expression(expression, boolean=boolean)
+    except ValueError as e:
+        raise ConfigError(f"{field}: {e}") from None
 
 
 def _row(event: ChangeEvent) -> dict[str, Any]:
@@ -50,21 +59,25 @@ def _row(event: ChangeEvent) -> dict[str, Any]:
     return row
 
 
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> TableMatcher:
+    return TableMatcher(patterns)
+
+
 def _table_matches(patterns: Sequence[str], event: ChangeEvent) -> bool:
-    names = [f"{event.database}.{event.table}"]
-    if event.schema:
-        names += [f"{event.schema}.{event.table}", f"{event.database}.{event.schema}.{event.table}"]
-    return any(fnmatch.fnmatchcase(n, p.replace("%", "*")) for p in patterns for n in names)
+    """`filter.tables`, with the capture's matcher (`tailrace.tables`): an event's (database,
+    table), and a PostgreSQL event's (database, schema, table), so `schema.table` and
+    `db.schema.table` select there too."""
+    matcher = _matcher(tuple(patterns))
+    return matcher.matches(event.database, event.table) or (
+        bool(event.schema) and matcher.matches(event.database, event.schema, event.table))
 
 
-def _evaluate(select: list[str], where: str | None, rows: list[dict[str, Any]]
-              ) -> list[tuple[Any, ...] | None]:
-    """Run `SELECT select FROM t WHERE where` per row index; None for rows filtered out."""
+def _evaluate(query: exp.Select, rows: list[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
+    """Run `query` (see `evaluation_query`) on `rows`; per row index its selected values, or
+    None for rows filtered out."""
     columns = sorted({k for r in rows for k in r})
     table = [{**{c: None for c in columns}, **r, "__i": i} for i, r in enumerate(rows)]
-    query = f"SELECT __i{''.join(', ' + s for s in select)} FROM t"
-    if where:
-        query += f" WHERE {where}"
     result = execute(query, tables={"t": table}, dialect="spark")
     out: list[tuple[Any, ...] | None] = [None] * len(rows)
     for r in result.rows:
@@ -72,17 +85,17 @@ def _evaluate(select: list[str], where: str | None, rows: list[dict[str, Any]]
     return out
 
 
-def _evaluate_isolating(select: list[str], where: str | None, rows: list[dict[str, Any]]
+def _evaluate_isolating(query: exp.Select, rows: list[dict[str, Any]]
                         ) -> tuple[list[tuple[Any, ...] | None], dict[int, str]]:
     """As `_evaluate`, but an error is pinned to the rows that cause it."""
     try:
-        return _evaluate(select, where, rows), {}
+        return _evaluate(query, rows), {}
     except Exception:
         results: list[tuple[Any, ...] | None] = []
         errors: dict[int, str] = {}
         for i, row in enumerate(rows):
             try:
-                results.extend(_evaluate(select, where, [row]))
+                results.extend(_evaluate(query, [row]))
             except Exception as e:  # noqa: BLE001 - reported per event
                 results.append(None)
                 errors[i] = f"{type(e).__name__}: {e}"
@@ -92,18 +105,19 @@ def _evaluate_isolating(select: list[str], where: str | None, rows: list[dict[st
 @dataclass(frozen=True)
 class _Filter:
     spec: FilterProcessor
+    query: exp.Select | None  # the compiled `where`, if any
 
     def apply(self, events: list[ChangeEvent]) -> tuple[list[ChangeEvent], list[Failure]]:
         kept = [e for e in events
                 if (self.spec.ops is None or op_name(e.op) in self.spec.ops)
                 and (self.spec.tables is None or _table_matches(self.spec.tables, e))]
-        if not self.spec.where or not kept:
+        if self.query is None or not kept:
             return kept, []
         data_events = [e for e in kept if e.op not in (Op.OP_DDL, Op.OP_TRUNCATE)]
         keep_ids = {id(e) for e in kept if e.op in (Op.OP_DDL, Op.OP_TRUNCATE)}
         failures: list[Failure] = []
         for group in _by_table(data_events):
-            results, errors = _evaluate_isolating([], self.spec.where, [_row(e) for e in group])
+            results, errors = _evaluate_isolating(self.query, [_row(e) for e in group])
             for i, event in enumerate(group):
                 if i in errors:
                     failures.append((event, f"filter where {self.spec.where!r}: {errors[i]}"))
@@ -115,21 +129,22 @@ class _Filter:
 @dataclass(frozen=True)
 class _Transform:
     spec: TransformProcessor
+    query: exp.Select | None  # the compiled `set` expressions, if any
 
     def apply(self, events: list[ChangeEvent]) -> tuple[list[ChangeEvent], list[Failure]]:
         names = list(self.spec.set)
-        select = [f"{expr} AS `{name}`" for name, expr in self.spec.set.items()]
         out: list[ChangeEvent] = []
         failures: list[Failure] = []
         data_events = [e for e in events if e.op not in (Op.OP_DDL, Op.OP_TRUNCATE)]
         computed: dict[int, tuple[Any, ...]] = {}
-        for group in _by_table(data_events) if select else []:
-            results, errors = _evaluate_isolating(select, None, [_row(e) for e in group])
-            for i, event in enumerate(group):
-                if i in errors:
-                    failures.append((event, f"transform: {errors[i]}"))
-                else:
-                    computed[id(event)] = results[i] or ()
+        if self.query is not None:
+            for group in _by_table(data_events):
+                results, errors = _evaluate_isolating(self.query, [_row(e) for e in group])
+                for i, event in enumerate(group):
+                    if i in errors:
+                        failures.append((event, f"transform: {errors[i]}"))
+                    else:
+                        computed[id(event)] = results[i] or ()
         failed = {id(e) for e, _ in failures}
         for event in events:
             if id(event) in failed:
@@ -177,20 +192,21 @@ def _by_table(events: list[ChangeEvent]) -> list[list[ChangeEvent]]:
 
 
 class ProcessorChain:
-    """The spec's processors, validated once, applied in order."""
+    """The spec's processors, compiled once (per worker process), applied in order."""
 
     def __init__(self, specs: Sequence[Any]) -> None:
         self._steps: list[Any] = []
         for i, spec in enumerate(specs):
             field = f"spec.processors[{i}]"
             if isinstance(spec, FilterProcessor):
-                if spec.where:
-                    _parse(spec.where, f"{field}.where")
-                self._steps.append(_Filter(spec))
+                where = (_compile(spec.where, f"{field}.where", boolean=True)
+                         if spec.where else None)
+                self._steps.append(_Filter(spec, evaluation_query([], where) if where else None))
             elif isinstance(spec, TransformProcessor):
-                for name, expression in spec.set.items():
-                    _parse(expression, f"{field}.set.{name}")
-                self._steps.append(_Transform(spec))
+                select = [(name, _compile(text, f"{field}.set.{name}", boolean=False))
+                          for name, text in spec.set.items()]
+                self._steps.append(_Transform(spec, evaluation_query(select, None)
+                                              if select else None))
             elif isinstance(spec, RouteProcessor):
                 self._steps.append(_Route(spec))
             else:

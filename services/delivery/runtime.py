@@ -60,8 +60,10 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]]
 def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: Sequence[Sink],
                   checkpoints: dict[str, Position | None], *, pipeline: str = "",
                   source_id: str = "", batch: BatchSpec | None = None,
-                  processors: ProcessorChain | None = None, journal: bool = False) -> SliceResult:
-    """Process and fan the slice out; sink failures are reported in `outcomes`, not raised."""
+                  processors: ProcessorChain | None = None, journal: bool = False,
+                  rewinds: dict[str, int] | None = None) -> SliceResult:
+    """Process and fan the slice out; sink failures are reported in `outcomes`, not raised.
+    `rewinds`: each sink's checkpoint rewind generation (see `BatchCommit.rewind`)."""
     events, result = decode_slice(partition, records)
     if processors:
         floor = min((position_key(p) for p in checkpoints.values() if p is not None),
@@ -80,10 +82,11 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
 
     def commit_for(sink: Sink, position: Position) -> BatchCommit:
         return BatchCommit(pipeline=pipeline, source_id=source_id, sink_id=sink.id,
-                           position=position, partition=partition)
+                           position=position, partition=partition,
+                           rewind=(rewinds or {}).get(sink.id, 0))
 
     result.outcomes = fan_out(sinks, batches, checkpoints, commit_for, dead_letter=journal,
-                              partition=partition)
+                              partition=partition, rewinds=rewinds)
     for outcome in result.outcomes:
         result.dead_letters.extend((outcome.sink_id, e, r) for e, r in outcome.dead_letters)
     return result

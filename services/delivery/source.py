@@ -10,8 +10,7 @@ partition = one task, read with a confluent-kafka consumer, yielded as Arrow.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -37,8 +36,46 @@ class BusPartition(InputPartition):
         self.partition, self.start, self.end = partition, start, end
 
 
+BUS_PREFIX = "bus."
+
+
+def bus_options(client_config: dict[str, str]) -> dict[str, str]:
+    """The bus's librdkafka settings as options `bus.<setting>`, one each: Spark hides the
+    value of an option whose name looks secret (`spark.redaction.regex`: password, secret,
+    token) wherever it shows a plan."""
+    return {f"{BUS_PREFIX}{k}": v for k, v in client_config.items()}
+
+
+def control_options(control: Any) -> dict[str, str]:
+    """Options that let the planner reach the control service as the driver does (a
+    `ControlSpec`): file paths only, never a token. A token from $TAILRACE_SERVICE_TOKEN
+    reaches the planner through the environment Spark's Python workers inherit."""
+    out: dict[str, str] = {}
+    if control.token_file:
+        out["control_token_file"] = control.token_file
+    if control.tls is not None:
+        out["control_tls"] = "on"
+        for name in ("ca", "cert", "key"):
+            if getattr(control.tls, name):
+                out[f"control_tls_{name}"] = getattr(control.tls, name)
+    return out
+
+
+def _control_spec(options: Mapping[str, str]) -> Any:
+    from tailrace.config import ControlSpec, TlsSpec
+
+    tls = None
+    if options.get("control_tls") == "on":
+        tls = TlsSpec(ca=options.get("control_tls_ca"), cert=options.get("control_tls_cert"),
+                             key=options.get("control_tls_key"))
+    return ControlSpec(address=options["control"], token_file=options.get("control_token_file"),
+                       tls=tls)
+
+
 class BusDataSource(DataSource):
-    """Options: brokers, topic, partitions, control, source_id, sink_ids (comma separated)."""
+    """Options: brokers, topic, partitions, control, source_id, sink_ids (comma separated);
+    control_token_file and control_tls_{ca,cert,key} (see `control_options`); bus.<setting>
+    (see `bus_options`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -56,11 +93,17 @@ def _offsets(d: dict[str, Any]) -> dict[int, int]:
 
 
 class BusStreamReader(DataSourceStreamReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
+        from tailrace.logs import setup_from_env
+
+        setup_from_env("delivery")  # Spark's planner or a worker process: log as the service
         self.brokers = options["brokers"]
         self.topic = options["topic"]
         self.num_partitions = int(options.get("partitions", "1"))
         self.control_address = options["control"]
+        self.control_spec = _control_spec(options)
+        self.bus_client_config = {k[len(BUS_PREFIX):]: v for k, v in options.items()
+                                  if k.startswith(BUS_PREFIX)}
         self.source_id = options["source_id"]
         self.sink_ids = [s for s in options.get("sink_ids", "").split(",") if s]
         self.max_events = int(options.get("max_events", "0")) or None
@@ -69,19 +112,20 @@ class BusStreamReader(DataSourceStreamReader):
 
     def _client(self) -> Any:
         if self._control is None:
-            from tailrace.control_client import ControlClient
+            from tailrace.control_access import service_client
 
-            self._control = ControlClient(self.control_address)
+            self._control = service_client(self.control_spec)
         return self._control
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         cp = self._client().minimum_checkpoint(self.source_id, self.sink_ids)
         start = {p: 0 for p in range(self.num_partitions)}
         if cp is not None:
             start.update(_offsets(dict(cp.bus_offsets)))
         return {str(p): o for p, o in start.items()}
 
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None
+                     ) -> dict[str, int]:
         """The furthest epoch past `start` that keeps the batch within `max_events`
         (at least one epoch, however large: a transaction is never split)."""
         begin = _offsets(start) if start else _offsets(self.initialOffset())
@@ -111,7 +155,7 @@ class BusStreamReader(DataSourceStreamReader):
                 return chosen if chosen is not None else begin
             after = page[-1].epoch_id
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         s, e = _offsets(start), _offsets(end)
         return [BusPartition(p, s.get(p, 0), e.get(p, 0)) for p in range(self.num_partitions)
                 if e.get(p, 0) > s.get(p, 0)]
@@ -119,54 +163,25 @@ class BusStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, BusPartition)
         yield from read_bus_range(self.brokers, self.topic, partition.partition,
-                                  partition.start, partition.end)
+                                  partition.start, partition.end,
+                                  client_config=self.bus_client_config)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: sink checkpoints are committed by the job after the sinks acked."""
 
 
 def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
-                   timeout_s: float = 60.0) -> Iterator[pa.RecordBatch]:
-    """Offsets [start, end) of one partition as Arrow batches, in offset order."""
-    import time
+                   timeout_s: float = 60.0, client_config: dict[str, str] | None = None
+                   ) -> Iterator[pa.RecordBatch]:
+    """Offsets [start, end) of one partition as Arrow batches, in offset order, read with
+    the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
+    `bus.client_config` (SASL, TLS)."""
+    from tailrace.bus import BusReader
 
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    from tailrace.bus import consumer_config
-
-    consumer = Consumer(consumer_config(brokers, f"tailrace-delivery-{topic}"))
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        offsets: list[int] = []
-        values: list[bytes] = []
-        next_offset = start
-        deadline = time.monotonic() + timeout_s
-        while next_offset < end:
-            msgs = consumer.consume(num_messages=min(10_000, end - next_offset), timeout=1.0)
-            if not msgs and time.monotonic() > deadline:
-                raise TimeoutError(f"bus {topic}[{partition}]: offsets {next_offset}..{end} "
-                                   f"not readable within {timeout_s:.0f} s")
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"bus {topic}[{partition}]: {err.str()}")
-                off = msg.offset()
-                if off < next_offset or off >= end:
-                    continue
-                offsets.append(off)
-                values.append(msg.value())
-                next_offset = off + 1
-                if len(offsets) >= ARROW_CHUNK:
-                    yield _batch(partition, offsets, values)
-                    offsets, values = [], []
-            if msgs:
-                deadline = time.monotonic() + timeout_s
-        if offsets:
+    with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
+                   client_config=client_config) as reader:
+        for offsets, values in reader.read_range(partition, start, end, timeout_s, ARROW_CHUNK):
             yield _batch(partition, offsets, values)
-    finally:
-        consumer.close()
 
 
 def _batch(partition: int, offsets: list[int], values: list[bytes]) -> pa.RecordBatch:
@@ -174,6 +189,3 @@ def _batch(partition: int, offsets: list[int], values: list[bytes]) -> pa.Record
         [pa.array([partition] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
          pa.array(values, pa.binary())], schema=ARROW_SCHEMA)
 
-
-def options_json(options: dict[str, str]) -> str:
-    return json.dumps(options)

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from tailrace.control_client import ControlClient, SinkOutcome
+from tailrace.control_client import SinkOutcome
 from tailrace.errors import TailraceError
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.control.testing import ControlProcess
+from tests.fix_control import ControlProcess, published
 
 pytestmark = pytest.mark.chaos
 
@@ -31,7 +31,9 @@ def test_kill_9_after_1000_acknowledged_commits_loses_none(tmp_path):
     enough = threading.Event()
 
     def commit_until_killed() -> None:
-        with ControlClient(control.address, retry_for=0) as c:
+        with control.client("service", retry_for=0) as c:
+            for source in ("batch", "single"):
+                published(c, source)
             seq = 0
             try:
                 while True:
@@ -64,7 +66,7 @@ def test_kill_9_after_1000_acknowledged_commits_loses_none(tmp_path):
 
     control.start()
     try:
-        with ControlClient(control.address, retry_for=10) as c:
+        with control.client(retry_for=10) as c:
             kafka, redis = (c.get_checkpoint("batch", s) for s in ("kafka", "redis"))
             nats = c.get_checkpoint("single", "nats")
     finally:

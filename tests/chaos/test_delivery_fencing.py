@@ -18,7 +18,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tailrace.control_client import ControlClient
 from tailrace.proto import control_pb2 as pb
 from tests.fix_pipeline import write_account_tx
 from tests.fix_sinks import read_kafka
@@ -78,7 +77,7 @@ def test_a_second_delivery_instance_fences_the_first(pg_db: str, pg_redis_pipeli
         per_key[e["after"]["id"]].append(e["after"]["v"])
     assert all(vs == [0, *range(1, TX)] for vs in per_key.values()), "per-key source order"
 
-    with ControlClient(pipeline.control_address) as control:
+    with pipeline.control_client() as control:
         info = control.get_pipeline(pipeline.spec_path.stem)
     assert info.state == pb.PIPELINE_RUNNING, f"a fenced instance is not a failure: {info.reason}"
     assert (info.delivery_owner.generation, info.delivery_owner.instance.split(":")[-1]) == (

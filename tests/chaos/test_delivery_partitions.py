@@ -17,8 +17,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tailrace.control_client import ControlClient
-
 pytestmark = pytest.mark.chaos
 
 TX, KEYS, PER_TX = 120, 300, 40
@@ -68,7 +66,7 @@ def test_three_bus_partitions_through_delivery_with_a_kill(pg_db: str, pg_redis_
         got[e["after"]["id"]].append(e["after"]["v"])
     assert got == expected, "every key's changes, in commit order"
 
-    with ControlClient(pipeline.control_address) as control:
+    with pipeline.control_client() as control:
         cp = control.get_checkpoint(f"src-{pipeline.spec_path.stem}", "redis1")
     offsets = dict(cp.bus_offsets)
     print(f"checkpoint bus offsets per partition: {offsets}")

@@ -12,14 +12,16 @@ import pytest
 from tailrace.devservers import KafkaBroker, MariaDBServer
 from tailrace.errors import PositionLostError
 from tailrace.events import Op, python_of
-from tailrace_services.capture_mysql.testing import (
+from tests.fix_capture import Control
+from tests.fix_mysql import (
     BusReader,
     CaptureProcess,
     CaptureThread,
     Record,
+    alive,
+    events,
+    lost,
 )
-from tests.fix_capture import Control
-from tests.fix_mysql import alive, events, lost
 
 pytestmark = pytest.mark.chaos
 

@@ -18,8 +18,6 @@ control service (state position_lost) and, with `--http-port`, on its own `/heal
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -29,72 +27,18 @@ import psycopg
 import pytest
 
 from tailrace.devservers import PostgresServer, TcpProxy
-from tailrace.proto import control_pb2 as pb
-from tailrace_services.capture_postgres.replication import ReplicationConnection, str_to_lsn
+from tailrace_services.capture_postgres.connection import ReplicationConnection, str_to_lsn
 from tests.fix_capture import (
-    CaptureProcess,
-    CaptureRig,
     StandbyServer,
+    assert_position_lost,
+    http_health,
+    setup_items,
+    side_url,
     slot_row,
+    stream_and_checkpoint,
 )
 
 pytestmark = pytest.mark.chaos
-
-LOST = re.compile(r"position lost: (.+?)\. Re-snapshot required\.")
-
-
-def stream_and_checkpoint(rig: CaptureRig, dsn: str, first_id: int, rows: int = 20
-                          ) -> CaptureProcess:
-    """Start capture (unless running), write `rows` single-row transactions, wait for them on
-    the bus and commit the sink checkpoint at the latest epoch, as a delivery would."""
-    capture = rig.processes[-1] if rig.processes and rig.processes[-1].proc.poll() is None \
-        else rig.start()
-    capture.wait_streaming()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(first_id, first_id + rows):
-            conn.execute("INSERT INTO items VALUES (%s, 'x')", (i,))
-    view = rig.read(lambda v: any(e.after.columns and e.after.columns[0].value.int_value ==
-                                  first_id + rows - 1 for _, _, e in v.events), timeout=60)
-    last_tx = max(e.position.tx_seq for _, _, e in view.events)
-    epoch = rig.wait_epoch(lambda e: e.position.tx_seq >= last_tx, timeout=30)
-    rig.checkpoint(epoch)
-    return capture
-
-
-def assert_position_lost(rig: CaptureRig, capture: CaptureProcess, reason: str,
-                         exit_code: int | None = 1) -> str:
-    """The exact error text in the log and in the control service's health; the exit code."""
-    if exit_code is not None:
-        assert capture.wait_exit(60) == exit_code, capture.tail()
-    else:
-        capture.wait_log("Re-snapshot required.")
-    found = LOST.search(capture.log())
-    assert found is not None, capture.tail()
-    assert reason in found.group(1), found.group(0)
-    health = rig.control.client.get_health(rig.source_id)
-    assert health is not None and health.state == pb.HEALTH_POSITION_LOST
-    assert health.reason == found.group(0)
-    return found.group(0)
-
-
-def side_url(capture: CaptureProcess) -> str:
-    capture.wait_log('"event": "http side port"')
-    return str(next(json.loads(line)["url"] for line in capture.log().splitlines()
-                    if '"event": "http side port"' in line))
-
-
-def http_health(capture: CaptureProcess) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(side_url(capture) + "/health", timeout=5) as r:
-            return r.status, {}
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def setup_items(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS items (id bigint PRIMARY KEY, v text)")
-
 
 def test_promoted_standby_without_the_slot_is_a_lost_position(
         make_pg_server: Any, capture_rig: Any, tcp_proxy: Any) -> None:
@@ -124,12 +68,12 @@ def test_promoted_standby_without_the_slot_is_a_lost_position(
         assert history[0][1] >= str_to_lsn(target)  # the old timeline ends after our data
         proxy.retarget(standby.port)
 
-        message = assert_position_lost(rig, capture, "does not exist but the sinks have "
-                                                     "checkpointed up to")
+        message = assert_position_lost(rig, capture, "does not exist, but our checkpoint ")
     assert f"replication slot '{rig.slot}'" in message
     (record,) = rig.control.client.list_reconcile_records(rig.source_id)
     assert record.decision == "resnapshot"
-    assert record.drift[0].startswith("promoted standby: system_identifier ")
+    assert record.drift[0].startswith("promoted standby or restored backup (same cluster, "
+                                      "another timeline): system_identifier ")
     assert record.drift[0].endswith("timeline 1 -> 2")
     assert record.new_identity.attributes["timeline"] == "2"
 
@@ -145,11 +89,11 @@ def test_independent_server_on_the_same_address_is_a_lost_position(
     assert http_health(capture)[0] == 200
     with urllib.request.urlopen(side_url(capture) + "/metrics", timeout=5) as r:
         metrics = r.read().decode()
-    assert f'tailrace_capture_postgres_events_total{{source="{rig.source_id}"}} 20.0' in metrics
-    assert f'tailrace_capture_postgres_transactions_total{{source="{rig.source_id}"}} 20.0' \
-        in metrics
-    for name in ("wal_bytes_total", "lag_bytes", "lag_seconds", "retained_bytes", "spill_bytes"):
-        assert f"tailrace_capture_postgres_{name}{{" in metrics
+    labels = f'{{source="{rig.source_id}",source_type="postgres"}}'
+    assert f"tailrace_capture_events_total{labels} 20.0" in metrics
+    assert f"tailrace_capture_transactions_total{labels} 20.0" in metrics
+    for name in ("log_bytes_total", "lag_bytes", "lag_seconds", "retained_bytes", "spill_bytes"):
+        assert f"tailrace_capture_{name}{labels}" in metrics
     old_system = server_a.execute("SELECT system_identifier::text FROM pg_control_system()")
 
     # server B, an independent cluster with the same database and table, moves to A's port
@@ -185,8 +129,8 @@ def test_dropped_slot_is_a_lost_position(pg_db: str, capture_rig: Any) -> None:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (rig.slot,))
         conn.execute("INSERT INTO items VALUES (1000, 'never captured')")
     capture = rig.start()
-    assert_position_lost(rig, capture, f"replication slot '{rig.slot}' does not exist but the "
-                                       "sinks have checkpointed up to")
+    assert_position_lost(rig, capture, f"replication slot '{rig.slot}' does not exist, but our "
+                                       "checkpoint ")
     assert slot_row(pg_db, rig.slot) is None, "no new slot may paper over the gap"
 
 

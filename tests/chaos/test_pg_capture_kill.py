@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from tailrace.events import Op
-from tailrace_services.capture_postgres.position import lsn_of
+from tailrace_services.capture_postgres.position import confirm_point, lsn_of
 from tests.fix_capture import (
     assert_transactions_whole,
     column,
@@ -125,10 +125,12 @@ def test_kill_9_five_times_loses_nothing(pg_db: str, capture_rig: Any) -> None:
     assert duplicates > 0, "no transaction was published twice: the kills hit nothing in flight"
     assert sum(1 for r in resumed_from if r > 0) >= KILLS - 1, resumed_from
 
-    # the slot confirms exactly up to the sinks' checkpoint, never past it
+    # the slot confirms exactly up to the last change of the sinks' checkpoint transaction
+    # (so that a reconnect re-reads and verifies that transaction), never past it
     checkpoint = rig.sink_checkpoint()
     assert checkpoint is not None
-    at = lsn_of(checkpoint.position.tx_seq)
+    at = confirm_point(checkpoint.position)
+    assert 0 < at < lsn_of(checkpoint.position.tx_seq)
     deadline = time.monotonic() + 10
     while (slot := slot_row(pg_db, rig.slot)) and slot[1] != at:
         assert slot[1] < at

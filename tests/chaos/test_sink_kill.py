@@ -46,7 +46,9 @@ def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, se
                    faults: tuple[str, ...] = (), window_s: float = 0.15) -> KillRun:
     """Start the driver and SIGKILL it `KILLS` times, each time a little further on (after
     0-2 batches past the furthest acknowledged so far, plus a random 0-`window_s`, about
-    a batch's write time); then let it finish."""
+    a batch's write time, so that a kill lands mid-write as often as not); then let it
+    finish. Every killed run holds at its end instead of exiting, so each of the `KILLS`
+    kills happens whatever the timing: a fast run is killed holding, never missed."""
     rng = random.Random(seed)
     cmd = [sys.executable, "-m", "tests.fix_sinks", "drive", "--spec", json.dumps(spec),
            "--pipeline", pipeline, "--events-file", str(events_file), "--batch", str(batch)]
@@ -57,8 +59,10 @@ def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, se
     kills, acked, furthest = 0, [], -1
     for attempt in range(KILLS + 1):
         out = workdir / f"driver-{attempt}.out"
+        argv = cmd if attempt == KILLS else [*cmd, "--hold-at-end"]
         with open(out, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                    env=env)
         if attempt == KILLS:  # the last run goes to the end
             assert proc.wait(timeout=240) == 0, out.read_text()[-3000:]
             assert "finished" in out.read_text()
@@ -70,9 +74,9 @@ def run_with_kills(spec: dict[str, Any], events_file: Path, workdir: Path, *, se
             assert time.monotonic() < deadline, "the driver made no progress"
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, window_s))
-        if proc.poll() is None:
-            proc.kill()  # SIGKILL: no cleanup, no abort, mid-write as likely as not
-            kills += 1
+        assert proc.poll() is None, out.read_text()[-3000:]  # it holds at its end
+        proc.kill()  # SIGKILL: no cleanup, no abort, mid-write as likely as not
+        kills += 1
         proc.wait()
         furthest = max(furthest, _last_acked(out))
         acked.append(furthest)

@@ -1,6 +1,7 @@
-"""The admin API over real gRPC: pipelines and state, pause/resume behind the token, checkpoints
-with lag, rewind/reset with confirmation; TLS; reflection; the HTTP side port of a real
-`tailrace-control` process; no secrets in answers or logs."""
+"""The admin API over real gRPC: pipelines and state, pause/resume behind the admin token,
+checkpoints with lag, rewind/reset with confirmation; TLS; reflection; the HTTP side port of a
+real `tailrace-control` process; no secrets in answers or logs. (Every RPC against every role:
+test_control_auth.py.)"""
 
 from __future__ import annotations
 
@@ -17,16 +18,20 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from tailrace.config import parse_pipeline
-from tailrace.control_client import ControlClient, ControlRefused, ControlUnavailable
+from tailrace.control_client import ControlClient, ControlRefused
+from tailrace.control_tls import ControlTlsError
 from tailrace.devservers import free_port
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.control.server import serve
+from tailrace_services.control.auth import AuthPolicy
+from tailrace_services.control.server import ServerTls, serve
 from tailrace_services.control.storage import MemoryStorage
-from tailrace_services.control.testing import ControlProcess
+from tailrace_services.control.tokens import Tokens
+from tests.fix_control import ControlProcess
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "t0ken-for-tests"
+TOKEN = "admin-t0ken-for-tests"
+SERVICE_TOKEN = "service-t0ken-for-tests"
 SPEC = """
 apiVersion: tailrace/v1
 kind: Pipeline
@@ -37,13 +42,14 @@ spec:
     - {id: kafka-main, type: kafka, brokers: "k:9092"}
     - {id: redis-cache, type: redis, required: false, url: "redis://:redis-secret@r:6379/0"}
   bus: {brokers: "k:9092"}
-  commit_policy: {quorum: 1}
+  commit_policy: required   # (quorum and all count every sink: no required: false there)
 """
 
 
 @pytest.fixture
 def server():
-    s = serve(MemoryStorage(), "127.0.0.1:0", token=TOKEN)
+    s = serve(MemoryStorage(), "127.0.0.1:0",
+              auth=AuthPolicy(Tokens.of(SERVICE_TOKEN, TOKEN), open_reads=True))
     yield s
     s.stop()
 
@@ -67,7 +73,7 @@ def test_pipeline_registers_ids_and_types_only(admin):
         "orders", "acme", "shop-pg", "postgres")
     assert [(s.id, s.type, s.required) for s in info.sinks] == [
         ("kafka-main", "kafka", True), ("redis-cache", "redis", False)]
-    assert (info.commit_policy.kind, info.commit_policy.quorum) == (pb.POLICY_QUORUM, 1)
+    assert info.commit_policy.kind == pb.POLICY_REQUIRED
     assert "secret" not in str(info)
     with pytest.raises(ControlRefused, match="looks like a DSN"):
         admin.register_pipeline("x", source_id="postgresql://u:pw@h/db", sinks=[("a", "redis", 1)])
@@ -81,7 +87,14 @@ def test_state_follows_health_reports_and_pause(admin, anonymous):
     state, reason = admin.pipeline_state("orders")
     assert (state, reason) == ("failed",
                                "shop-pg: position lost: slot gone. Re-snapshot required.")
+    admin.report_health("orders", "degraded", "5 restarts in a row without a checkpoint "
+                                              "advancing: sink kafka-main: broker down")
+    assert admin.pipeline_state("orders")[0] == "failed", "a failure outranks degraded"
     admin.report_health("shop-pg", "running")
+    assert admin.pipeline_state("orders") == (
+        "degraded", "orders: degraded: 5 restarts in a row without a checkpoint advancing: "
+                    "sink kafka-main: broker down")
+    admin.report_health("orders", "running")
     assert admin.pause("orders", reason="maintenance").state == pb.PIPELINE_PAUSED
     assert anonymous.pipeline_state("orders") == ("paused", "maintenance")
     assert admin.resume("orders").state == pb.PIPELINE_RUNNING
@@ -99,8 +112,12 @@ def test_admin_mutations_need_the_token(admin, anonymous, server, call):
     with ControlClient(f"127.0.0.1:{server.port}", token="wrong") as wrong, \
             pytest.raises(ControlRefused, match="needs the admin token"):
         getattr(wrong, call)(*args)
+    with ControlClient(f"127.0.0.1:{server.port}", token=SERVICE_TOKEN) as service, \
+            pytest.raises(ControlRefused, match="needs the admin role") as e:
+        getattr(service, call)(*args)
+    assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
     assert admin.pipeline_state("orders")[0] == "running", "nothing changed"
-    assert anonymous.list_pipelines(), "reads need no token"
+    assert anonymous.list_pipelines(), "reads are open: this server runs with open_reads"
 
 
 def epoch(epoch_id: int, seq: int, offset: int, ts_s: int) -> pb.Epoch:
@@ -151,7 +168,7 @@ def test_rewind_needs_confirmation_and_a_paused_pipeline(admin):
     assert (cp.position.tx_seq, dict(cp.bus_offsets), cp.version) == (0, {}, 3)
     # the delivery process that read version 1 before the rewind is fenced off
     stale = pb.Checkpoint(source_id="shop-pg", sink_id="kafka-main")
-    stale.position.tx_seq = 31
+    stale.position.tx_seq = 30
     assert not admin.commit_checkpoint(stale, 1)[0]
 
 
@@ -165,12 +182,14 @@ def _self_signed(tmp_path):
 
 def test_tls(tmp_path):
     cert, key = _self_signed(tmp_path)
-    server = serve(MemoryStorage(), "127.0.0.1:0", tls=(cert.read_bytes(), key.read_bytes()))
+    server = serve(MemoryStorage(), "127.0.0.1:0", tls=ServerTls(cert.read_bytes(),
+                                                                 key.read_bytes()))
     try:
         address = f"127.0.0.1:{server.port}"
         with ControlClient(address, root_cert=str(cert), retry_for=5) as c:
             assert c.list_pipelines() == []
-        with ControlClient(address, retry_for=1) as plain, pytest.raises(ControlUnavailable):
+        with ControlClient(address, retry_for=30) as plain, \
+                pytest.raises(ControlTlsError, match="serves TLS and this client speaks plaintext"):
             plain.list_pipelines()
     finally:
         server.stop()
@@ -180,7 +199,7 @@ def test_reflection_lists_the_services(server):
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
     assert {f"tailrace.v1.{n}" for n in ("Checkpoints", "Epochs", "Commits", "Schemas",
-                                         "Identities", "DeadLetters", "Admin")} <= services
+                                         "Identities", "DeadLetters", "Admin", "Audit")} <= services
     assert {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
 
 
@@ -199,7 +218,7 @@ def test_http_side_port_of_the_real_process(tmp_path):
         base = f"http://127.0.0.1:{http_port}"
         assert _get(f"{base}/health") == (200, "ok\n")
         assert _get(f"{base}/ready") == (200, "ready\n")
-        with ControlClient(control.address, retry_for=5) as c:
+        with control.client("service", retry_for=5) as c:
             c.report_batch("orders", "shop-pg", "required",
                            [pb.SinkOutcome(sink_id="k", required=True, acknowledged=False)])
             c.report_health("shop-pg", "position_lost",

@@ -1,4 +1,5 @@
-"""The `tailrace` admin CLI, every command, against a real `tailrace-control` process with a token."""
+"""The `tailrace` admin CLI, every command, against a real `tailrace-control` process with tokens:
+reads with the service token, changes with the admin token."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import sys
 import pytest
 import redis
 
-from tailrace.control_client import ControlClient, identity
+from tailrace.control_client import identity
 from tailrace.events import ChangeEvent, Column, Op, Position, Row, value_of
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.cli.main import main
-from tailrace_services.control.testing import ControlProcess
+from tests.fix_control import ControlProcess
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "cli-admin-token"
+TOKEN = "cli-admin-token-for-tests"
 
 
 def event(i: int) -> bytes:
@@ -35,7 +36,7 @@ def control(tmp_path_factory):
     """A control process with a token, holding one pipeline with some of everything."""
     directory = tmp_path_factory.mktemp("cli")
     with ControlProcess(directory, f"sqlite:///{directory / 'state.db'}", token=TOKEN) as proc, \
-            ControlClient(proc.address, retry_for=10) as c:
+            proc.client("service", retry_for=10) as c:
         c.register_pipeline("orders", tenant="acme", source_id="shop-pg", source_type="postgres",
                             sinks=[("cache", "redis", False), ("main", "redis", True)])
         for i, (seq, offset) in enumerate([(10, 100), (20, 200), (30, 300)], start=1):
@@ -61,12 +62,15 @@ def control(tmp_path_factory):
 
 @pytest.fixture
 def tailrace(control, capsys, monkeypatch):
-    """`tailrace(*argv, token=False)` -> (exit code, stdout, stderr), run in this process."""
+    """`tailrace(*argv, token=False)` -> (exit code, stdout, stderr), run in this process; with
+    the service token ($TAILRACE_ADMIN_TOKEN: a token that may read, not change), or with
+    `token=True` the admin token (--token-file)."""
     monkeypatch.setenv("TAILRACE_CONTROL", control.address)
     monkeypatch.delenv("TAILRACE_TOKEN", raising=False)
+    monkeypatch.setenv("TAILRACE_ADMIN_TOKEN", control.service_token)
 
     def run(*argv: str, token: bool = False) -> tuple[int, str, str]:
-        code = main([*argv, *(["--token", TOKEN] if token else [])])
+        code = main([*argv, *(["--token-file", str(control.admin_token_file)] if token else [])])
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -82,19 +86,29 @@ def test_pipelines(tailrace):
     assert row.split()[:6] == ["orders", "acme", "shop-pg", "(postgres)", "running", "required"]
     assert row.split()[8] == "-", "no delivery instance claimed it"
     code, out, _ = tailrace("pipelines", "--json")
-    assert json.loads(out)[0]["sinks"][0] == {"id": "cache", "type": "redis", "required": False}
+    (entry,) = json.loads(out)
+    assert entry["sinks"][0] == {"id": "cache", "type": "redis", "required": False,
+                                 "last_error": "", "failing_since_unix_ms": 0,
+                                 "failed_batches": 0}
+    assert (entry["state"], entry["commit_policy"]["kind"]) == ("running", "required"), \
+        "the words the table shows"
+    assert isinstance(entry["registered_unix_ms"], int)
 
 
 def test_checkpoints_with_lag(tailrace):
     code, out, _ = tailrace("checkpoints", "orders")
     assert code == 0
     rows = {line.split()[1]: line.split() for line in out.splitlines()[1:]}
-    assert rows["main"][2:7] == ["yes", "tx", "30.0", "1", "0"]
-    assert rows["cache"][2:8] == ["no", "tx", "20.0", "1", "100", "30.0"]
+    # REQUIRED POSITION TX_SEQ VERSION LAG_OFFSETS LAG_BYTES LAG_TX LAG_S UPDATED... LAST_ERROR
+    assert rows["main"][2:10] == ["yes", "-", "30.0", "1", "0", "0B", "-", "0.0"]
+    assert rows["cache"][2:10] == ["no", "-", "20.0", "1", "100", "-", "-", "30.0"]
+    assert rows["cache"][-1] == "-", "no error reported for it"
     code, out, _ = tailrace("--json", "checkpoints")
     (answer,) = json.loads(out)
-    assert {s["sink_id"]: s["lag_offsets"] for s in answer["sinks"]} == {"cache": "100",
-                                                                         "main": "0"}
+    assert {s["sink_id"]: s["lag_offsets"] for s in answer["sinks"]} == {"cache": 100,
+                                                                         "main": 0}
+    main = next(s for s in answer["sinks"] if s["sink_id"] == "main")
+    assert (main["lag_bytes"], main["checkpoint"]["position"]["tx_seq"]) == (0, 30)
 
 
 def test_schemas(tailrace):
@@ -119,7 +133,7 @@ def test_dlq_list_replay_purge(tailrace, tmp_path, redis_server):
     assert code == 0 and "5 dead letter(s)" in out and len(out.splitlines()) == 7
 
     code, _, err = tailrace("dlq", "replay", "orders", "--out", str(tmp_path / "x.jsonl"))
-    assert code == 1 and "needs the admin token" in err, "replay is an admin mutation"
+    assert code == 1 and "needs the admin role" in err, "replay is an admin mutation"
 
     exported = tmp_path / "dlq.jsonl"
     code, out, _ = tailrace("dlq", "replay", "orders", "--limit", "2", "--out", str(exported),
@@ -135,7 +149,7 @@ apiVersion: tailrace/v1
 kind: Pipeline
 metadata: {{name: orders, tenant: acme}}
 spec:
-  source: {{type: postgres, id: shop-pg, dsn: "unused", tables: [public.orders]}}
+  source: {{type: postgres, id: shop-pg, dsn: "host=unused", tables: [public.orders]}}
   sinks:
     - {{id: cache, type: redis, required: false, url: "{redis_server.url}", stream: "dlq.{{table}}"}}
     - {{id: main, type: redis, url: "{redis_server.url}", stream: "main.{{table}}"}}
@@ -148,7 +162,7 @@ spec:
     assert [json.loads(f[b"event"])["after"]["id"] for _, f in stream] == [3, 4]
 
     code, out, _ = tailrace("dlq", "list", "orders", "--json")
-    assert [e["sequence"] for e in json.loads(out)["entries"]] == ["5"]
+    assert [e["sequence"] for e in json.loads(out)["entries"]] == [5]
     code, _, err = tailrace("dlq", "purge", "orders")
     assert code == 1 and err.startswith("tailrace: dlq refused: ") and len(err.splitlines()) == 1
     assert tailrace("dlq", "purge", "orders", token=True)[1].strip() == \
@@ -157,7 +171,7 @@ spec:
 
 def test_pause_rewind_resume(tailrace):
     code, _, err = tailrace("pause", "orders")
-    assert code == 1 and "needs the admin token" in err
+    assert code == 1 and "needs the admin role and the service token was sent" in err
     assert tailrace("pipelines")[1].split("\n")[1].split()[4] == "running"
 
     code, _, err = tailrace("rewind", "orders", "main", "--to-sequence", "25", "--confirm",
@@ -175,6 +189,10 @@ def test_pause_rewind_resume(tailrace):
     code, out, _ = tailrace("rewind", "orders", "main", "--reset", "--confirm", "main",
                             token=True)
     assert code == 0 and "to the earliest available position" in out
+    assert "it receives again what it had" in out
+    (answer,) = json.loads(tailrace("checkpoints", "orders", "--json")[1])
+    main = next(s for s in answer["sinks"] if s["sink_id"] == "main")
+    assert main["checkpoint"]["rewind"] == 2, "each rewind starts a generation the sink honours"
 
     assert tailrace("resume", "orders", token=True)[1].strip() == \
         "pipeline orders resumed (state running)"

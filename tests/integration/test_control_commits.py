@@ -13,11 +13,12 @@ import uuid
 
 import pytest
 
-from tailrace.config._model import QuorumPolicy
+from tailrace.config import QuorumPolicy
 from tailrace.control_client import ControlClient, ControlRefused, SinkOutcome, to_commit_policy
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage, SqliteStorage
+from tests.fix_control import published
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +62,7 @@ def cp(seq: int) -> pb.Checkpoint:
 
 def report(client: ControlClient, source: str, policy: object, seq: int, failed: set[str],
            versions: dict[str, int]) -> pb.ReportBatchResponse:
+    published(client, source)
     return client.report_batch("orders", source, policy, [
         SinkOutcome(sink_id=s, required=req, acknowledged=s not in failed, checkpoint=cp(seq),
                     expected_version=versions.get(s, 0), error="boom" if s in failed else "")
@@ -174,6 +176,7 @@ def race(addresses: list[str], via: str, per_thread: int = 40) -> None:
 
     def racer(address: str) -> None:
         with ControlClient(address, retry_for=5) as c:
+            published(c, source)
             wins = 0
             while wins < per_thread:
                 seen = c.get_checkpoint(source, "s")
@@ -239,6 +242,7 @@ def test_a_newer_delivery_claim_fences_the_older_instance(client):
     client.register_pipeline(pipeline, source_id=source, sinks=[("k1", "kafka", True)])
     first = client.claim_delivery(pipeline, "host-a:1")
     assert (first.owner.generation, first.previous.generation) == (1, 0)
+    published(client, source)
 
     def send(generation: int, seq: int, version: int) -> pb.ReportBatchResponse:
         return client.report_batch(pipeline, source, "required", [SinkOutcome(
@@ -261,11 +265,15 @@ def test_a_claim_racing_a_commit_fences_it(backend):
     """The owner record is part of the checkpoints' compare-and-set: a guard read before a
     claim no longer matches, so the commit stores nothing."""
     from tailrace_services.control.checkpoints import CheckpointStore
+    from tailrace_services.control.epochs import EpochStore
     from tailrace_services.control.owners import DeliveryOwners, owner_key
     from tailrace_services.control.storage import CasConflict
 
     storage = MemoryStorage()
     owners, store = DeliveryOwners(storage), CheckpointStore(storage)
+    epoch = pb.Epoch(source_id="s", epoch_id=1)
+    epoch.position.tx_seq, epoch.end_offsets[0] = 5, 50
+    EpochStore(storage).record(epoch)
     owner, _ = owners.claim("p", "a:1")
     _, version = owners.get("p")
     owners.claim("p", "b:2")  # between the owner check and the compare-and-set
@@ -274,3 +282,24 @@ def test_a_claim_racing_a_commit_fences_it(backend):
     with pytest.raises(CasConflict):
         store.commit_many([(c, 0)], guard=(owner_key("p"), owner.SerializeToString(), version))
     assert store.get("s", "k1") is None
+
+
+def test_a_forged_checkpoint_past_the_latest_epoch_is_refused(client):
+    """Issue 12.3: `tx_seq + 1e9` once made capture confirm a slot past the server's WAL."""
+    source = f"forged-{next(_ids)}"
+    epoch = pb.Epoch(source_id=source, epoch_id=1)
+    epoch.position.tx_seq, epoch.end_offsets[0] = 20, 200
+    client.record_epoch(epoch)
+    assert client.report_batch("orders", source, "required", [
+        SinkOutcome("r1", True, True, cp(20), 0)]).committed
+    for forged in (cp(20 + 10**9), cp(20)):
+        if forged.position.tx_seq == 20:
+            forged.bus_offsets[0] = 201  # the position is fine, the offset is not
+        with pytest.raises(ControlRefused, match="FAILED_PRECONDITION: checkpoint of sink r1 .* "
+                                                 "is beyond the latest epoch"):
+            client.report_batch("orders", source, "required", [
+                SinkOutcome("r1", True, True, forged, 1)])
+        forged.source_id, forged.sink_id = source, "r1"
+        with pytest.raises(ControlRefused, match="beyond the latest epoch"):
+            client.commit_checkpoint(forged, 1)
+    assert client.get_checkpoint(source, "r1").position.tx_seq == 20

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailrace.control_client import ControlClient, ControlRefused, identity
-from tailrace_services.control.testing import ControlProcess
+from tailrace.control_client import ControlRefused, identity
+from tests.fix_control import ControlProcess
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +24,15 @@ def storage_url(request, tmp_path):
 def test_first_seen_same_changed_survive_restarts(tmp_path, storage_url):
     control = ControlProcess(tmp_path, storage_url).start()
     try:
-        with ControlClient(control.address, retry_for=10) as c:
+        with control.client("service", retry_for=10) as c:
             assert c.compare_identity("pg-main", "postgres", PRIMARY, "fp-1") == ("first_seen", None)
         control.restart()
-        with ControlClient(control.address, retry_for=10) as c:
+        with control.client("service", retry_for=10) as c:
             verdict, previous = c.compare_identity("pg-main", "postgres", PRIMARY, "fp-1")
             assert verdict == "same" and dict(previous.attributes) == PRIMARY
         control.kill()
         control.start()
-        with ControlClient(control.address, retry_for=10) as c:
+        with control.client("service", retry_for=10) as c:
             verdict, previous = c.compare_identity("pg-main", "postgres", PROMOTED, "fp-2")
             assert verdict == "changed" and previous.fingerprint == "fp-1"
             # Changed does not store: asked again, it is still changed
@@ -45,7 +45,7 @@ def test_first_seen_same_changed_survive_restarts(tmp_path, storage_url):
             assert replaced is not None and replaced.fingerprint == "fp-1"
             c.report_health("pg-main", "running")
         control.restart()
-        with ControlClient(control.address, retry_for=10) as c:
+        with control.client("service", retry_for=10) as c:
             assert c.compare_identity("pg-main", "postgres", PROMOTED, "fp-2")[0] == "same"
             (record,) = c.list_reconcile_records("pg-main")
             assert (record.decision, list(record.drift)) == ("adapt",
@@ -58,7 +58,7 @@ def test_first_seen_same_changed_survive_restarts(tmp_path, storage_url):
 
 
 def test_without_fingerprints_attributes_decide(tmp_path):
-    with ControlProcess(tmp_path, "memory://") as control, ControlClient(control.address) as c:
+    with ControlProcess(tmp_path, "memory://") as control, control.client("service") as c:
         assert c.compare_identity("m", "mariadb", {"server_id": "1"}, "")[0] == "first_seen"
         assert c.compare_identity("m", "mariadb", {"server_id": "1"}, "")[0] == "same"
         assert c.compare_identity("m", "mariadb", {"server_id": "2"}, "")[0] == "changed"

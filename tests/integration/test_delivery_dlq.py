@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tailrace.events import ChangeEvent, Column, Op, Position, Row, value_of
-from tailrace.publisher import BusPublisher
+from tailrace_services.capture.publisher import BusPublisher
 from tests.fix_delivery import stream_seqs
 
 pytestmark = pytest.mark.integration
@@ -55,8 +55,12 @@ def test_without_journal_a_failing_event_blocks_with_a_clear_error(delivery_rig,
                          "stream": "dlq-off.{table}"}], extra=PROCESSORS)
     publish(rig, range(1, 6), {4})
     rig.start_job()
-    rig.wait(lambda: rig.client.pipeline_state(rig.name)[0] != "unknown", 120, "the job to start")
-    time.sleep(25)
+    rig.wait(lambda: rig.client.pipeline_state(rig.name)[0] == "failed", 180,
+             "the pipeline failed by the non-retryable processor error")
+    state, reason = rig.client.pipeline_state(rig.name)
+    assert reason.startswith(f"{rig.name}: failed: processor failed on ") and \
+        "spec.journal.enabled: true" in reason, reason
+    time.sleep(5)
     assert rig.error is None, "not fatal: the batch is retried until fixed"
     assert rig.checkpoint_seq("r") == 0, "nothing committed past the failing event"
     assert rig.client.dlq_count(rig.name) == 0

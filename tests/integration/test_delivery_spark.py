@@ -11,7 +11,7 @@ import redis
 from tailrace.config import parse_pipeline
 from tailrace.control_client import ControlClient
 from tailrace.events import ChangeEvent, Column, Op, Position, Row, value_of
-from tailrace.publisher import BusPublisher
+from tailrace_services.capture.publisher import BusPublisher
 from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage
 
@@ -36,7 +36,7 @@ apiVersion: tailrace/v1
 kind: Pipeline
 metadata: {{name: syn}}
 spec:
-  source: {{type: postgres, id: syn, dsn: "unused", tables: [public.items]}}
+  source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
   sinks: [{{id: r, type: redis, url: "{redis_server.url}", stream: "syn.{{table}}"}}]
   bus: {{brokers: "{kafka_broker.bootstrap}", topic: syn-bus}}
   control: {{address: "{address}"}}

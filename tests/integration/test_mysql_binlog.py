@@ -12,7 +12,7 @@ from pymysqlreplication.event import MariadbGtidEvent
 
 from tailrace.devservers import MariaDBServer, TcpProxy
 from tailrace_services.capture_mysql.gtid import MariadbGtidPosition
-from tailrace_services.capture_mysql.stream import (
+from tailrace_services.capture_mysql.reader import (
     BinlogStream,
     RowChange,
     StreamLostError,

@@ -15,9 +15,17 @@ import pytest
 from tailrace.devservers import KafkaBroker, MariaDBServer
 from tailrace.events import Op, python_of
 from tailrace.proto.event_pb2 import ChangeEvent
-from tailrace_services.capture_mysql.testing import BusReader, CaptureThread
 from tests.fix_capture import Control
-from tests.fix_mysql import alive, count_events, events, lost
+from tests.fix_mysql import (
+    BusReader,
+    CaptureThread,
+    alive,
+    count_events,
+    events,
+    lost,
+    purge_binlogs_to,
+    wait_no_binlog_readers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -215,27 +223,6 @@ def test_value_types_decode_exactly(mysql_spec: Callable[..., Path],
     assert types["u"] == "uuid" and types["j"] == "json" and types["d"] == "decimal(30,10)"
     assert list(ins.key_columns) == ["id"]
     reader.close()
-
-
-def wait_no_binlog_readers(server: MariaDBServer, timeout: float = 30) -> None:
-    """A stopped capture's binlog dump thread lingers on the server for a moment."""
-    deadline = time.monotonic() + timeout
-    while any(row[4] == "Binlog Dump" for row in server.execute("SHOW PROCESSLIST")):
-        assert time.monotonic() < deadline, "a binlog dump thread is still attached"
-        time.sleep(0.1)
-
-
-def purge_binlogs_to(server: MariaDBServer, newest: str, timeout: float = 30) -> None:
-    """PURGE until it took effect: MariaDB keeps a binlog that a dump thread still reads or
-    whose binlog checkpoint (written in the background after FLUSH) is not done yet."""
-    wait_no_binlog_readers(server, timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        server.execute(f"PURGE BINARY LOGS TO '{newest}'")
-        if server.execute("SHOW BINARY LOGS")[0][0] == newest:
-            return
-        assert time.monotonic() < deadline, "binary logs were not purged"
-        time.sleep(0.2)
 
 
 def _captured_then_stopped(spec: Path, server: MariaDBServer, brokers: str,

@@ -17,7 +17,9 @@ from tailrace.devservers import PostgresServer, free_port
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
 from tailrace.events import UNCHANGED_TOAST
 from tailrace.events._values import Json
-from tailrace_services.capture_postgres.decoder import (
+from tailrace_services.capture_postgres.connection import ReplicationConnection, str_to_lsn
+from tailrace_services.capture_postgres.errors import SlotMissingError
+from tailrace_services.capture_postgres.reader import (
     Begin,
     Commit,
     Delete,
@@ -28,11 +30,6 @@ from tailrace_services.capture_postgres.decoder import (
     Truncate,
     TypeInfo,
     Update,
-)
-from tailrace_services.capture_postgres.replication import (
-    ReplicationConnection,
-    SlotMissingError,
-    str_to_lsn,
 )
 
 pytestmark = pytest.mark.integration

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
-from tailrace.config._model import PostgresSinkSpec
-from tailrace.errors import NonRetryableError
+from tailrace.config import PostgresSinkSpec
+from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent, Column, Op, value_of
-from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass
+from tailrace_services.delivery.sinks.base import BatchCommit
 from tailrace_services.delivery.sinks.postgres import PostgresSink
 from tests.fix_sinks import PG_PASSWORD, batches_of, final_state, sink_spec, source_events
 
@@ -87,6 +88,26 @@ def test_replica_equals_source_and_checkpoint_commits_with_it(pg_db: str) -> Non
     sink.close()
 
 
+def test_a_rewound_sink_applies_again_what_it_had(pg_db: str) -> None:
+    """A new rewind generation (an operator's rewind or reset) has its own checkpoint row, so
+    the replay is applied again (the audit trigger counts every row written)."""
+    add_audit(pg_db)
+    sink = make_sink(pg_db)
+    batches = batches_of(source_events(200), 100)
+    for batch in batches * 2:  # the replay within generation 0 is skipped
+        sink.write(batch, commit(batch))
+    once = audited(pg_db)
+    for batch in batches:
+        sink.write(batch, replace(commit(batch), rewind=1))
+    assert audited(pg_db) == 2 * once
+    assert sink.stored_position(0, rewind=1) == batches[-1][-1].position
+    with psycopg.connect(pg_db) as conn:
+        rows = conn.execute("SELECT sink_id FROM tailrace_checkpoints WHERE pipeline = 'p' "
+                            "ORDER BY sink_id").fetchall()
+    assert rows == [("pg1",), ("pg1#rewind1",)]
+    sink.close()
+
+
 def test_a_replayed_batch_is_not_applied_twice(pg_db: str) -> None:
     add_audit(pg_db)
     events = source_events(600)
@@ -144,7 +165,7 @@ def test_outage_is_retryable_and_recovers_exactly_once(pg_server: Any, pg_db: st
         started = time.monotonic()
         with pytest.raises(Exception) as caught:
             sink.write(batches[1], commit(batches[1]))
-        assert sink.classify(caught.value) is ErrorClass.RETRYABLE, caught.value
+        assert isinstance(caught.value, RetryableError), caught.value
         assert time.monotonic() - started < 5
     proxy.restore()
     for batch in batches[1:]:
@@ -163,7 +184,7 @@ def test_wrong_password_fails_fast_and_says_what_to_fix(password_pg: Any) -> Non
     message = str(caught.value)
     assert "authentication failed" in message and "spec.sinks[].dsn" in message
     assert wrong not in message
-    assert sink.classify(caught.value) is ErrorClass.NON_RETRYABLE
+    assert isinstance(caught.value, NonRetryableError)
     good = make_sink(password_pg.password_dsn(PG_PASSWORD))
     batch = source_events(3)
     good.write(batch, commit(batch))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
 
-from tailrace.errors import NonRetryableError
+from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent
-from tailrace_services.delivery.sinks.base import BatchCommit, ErrorClass
+from tailrace_services.delivery.sinks.base import BatchCommit
 from tailrace_services.delivery.sinks.redis import RedisSink
 from tests.fix_sinks import NATS_PASSWORD, REDIS_PASSWORD, batches_of, sink_spec, source_events
 
@@ -83,6 +85,32 @@ def test_a_replayed_batch_is_skipped_by_the_stored_checkpoint(redis_server: Any)
     assert len(entries(redis_server.url, prefix)) == sum(map(len, batches)) + len(batches[0])
 
 
+def test_a_rewound_sink_receives_again_what_it_had(redis_server: Any) -> None:
+    """After `tailrace rewind --reset` the control checkpoint carries rewind generation 1:
+    the sink's stored checkpoint of generation 0 no longer skips the replay."""
+    sink, prefix = make_sink(redis_server.url)
+    batches = batches_of(source_events(300), 100)
+    for batch in batches:
+        sink.write(batch, commit(batch))
+    for batch in batches:  # the same generation: a replay is skipped
+        sink.write(batch, commit(batch))
+    total = sum(map(len, batches))
+    assert len(entries(redis_server.url, prefix)) == total
+    rewound = [replace(commit(batch), rewind=1) for batch in batches]
+    assert sink.stored_position(0, rewind=1) is None, "a new generation starts empty"
+    for batch, batch_commit in zip(batches, rewound, strict=True):
+        sink.write(batch, batch_commit)
+        sink.write(batch, batch_commit)  # and is exactly-once again within it
+    got = [f[b"id"].decode() for f in entries(redis_server.url, prefix)]
+    assert len(got) == 2 * total and set(Counter(got).values()) == {2}, "each event twice"
+    assert sink.stored_position(0, rewind=1) == batches[-1][-1].position
+    assert sink.stored_position(0) == batches[-1][-1].position
+    raw = redis.Redis.from_url(redis_server.url).get(
+        f"tailrace:checkpoint:{_PIPELINE['name']}:r1#rewind1:0")
+    assert raw == batches[-1][-1].position.SerializeToString()
+    sink.close()
+
+
 def test_envelope_and_maxlen(redis_server: Any) -> None:
     sink, prefix = make_sink(redis_server.url, envelope="debezium", maxlen=50)
     batch = source_events(400)
@@ -105,7 +133,7 @@ def test_outage_is_retryable_and_recovers_without_duplicates(redis_server: Any,
         started = time.monotonic()
         with pytest.raises(Exception) as caught:
             sink.write(batches[1], commit(batches[1]))
-        assert sink.classify(caught.value) is ErrorClass.RETRYABLE, caught.value
+        assert isinstance(caught.value, RetryableError), caught.value
         assert time.monotonic() - started < 5
     proxy.restore()
     for batch in batches[1:]:  # the runtime retries the failed batch
@@ -127,7 +155,7 @@ def test_wrong_or_missing_password_fails_fast_and_says_what_to_fix(password_redi
         message = str(caught.value)
         assert "authentication failed" in message and "spec.sinks[].url" in message
         assert NATS_PASSWORD not in message
-        assert sink.classify(caught.value) is ErrorClass.NON_RETRYABLE
+        assert isinstance(caught.value, NonRetryableError)
     good, prefix = make_sink(f"redis://:{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0")
     good.write(batch, commit(batch))
     assert len(entries(f"redis://:{REDIS_PASSWORD}@127.0.0.1:{password_redis.port}/0",

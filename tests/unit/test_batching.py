@@ -1,10 +1,10 @@
-"""Batches hold whole transactions; an oversized one is kept whole; the timer flushes."""
+"""Batches hold whole transactions; an oversized one is kept whole."""
 
 from __future__ import annotations
 
 from tailrace.config import BatchSpec
 from tailrace.events import ChangeEvent, Position
-from tailrace_services.delivery.batching import Batcher, split_batches
+from tailrace_services.delivery.batching import split_batches
 
 
 def tx(seq: int, size: int) -> list[ChangeEvent]:
@@ -41,27 +41,3 @@ def test_without_respect_source_tx_splits_by_size_only():
     batches = list(split_batches(events, BatchSpec(max_events=3, respect_source_tx=False)))
     assert [len(b) for b in batches] == [3, 3, 3, 1]
 
-
-def test_timer_flushes_a_partial_batch():
-    now = [0.0]
-    b = Batcher(BatchSpec(max_events=100, max_ms=100), clock=lambda: now[0])
-    out = []
-    for e in tx(1, 3):
-        out += b.add(e)
-    assert out == [] and b.poll() == []
-    now[0] = 0.05
-    assert b.poll() == []
-    now[0] = 0.2
-    flushed = b.poll()
-    assert [len(x) for x in flushed] == [3]
-
-
-def test_batcher_never_flushes_an_open_transaction():
-    now = [0.0]
-    b = Batcher(BatchSpec(max_events=2, max_ms=10), clock=lambda: now[0])
-    events = tx(1, 5)
-    full = [x for e in events[:4] for x in b.add(e)]
-    now[0] = 1.0
-    assert full == [] and b.poll() == []  # tx 1 still open: nothing may leave
-    full = b.add(events[4]) + b.poll()
-    assert [len(x) for x in full] == [5]

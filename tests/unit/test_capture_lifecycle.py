@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-import tailrace.lifecycle as lifecycle
-from tailrace.config import parse_pipeline
+import tailrace_services.capture.lifecycle as lifecycle
 from tailrace.control_client import identity
 from tailrace.errors import (
     ConfigError,
@@ -16,24 +15,15 @@ from tailrace.errors import (
     PositionLostError,
     RetryableError,
 )
-from tailrace.lifecycle import (
-    Backoff,
+from tailrace.retry import Backoff
+from tailrace_services.capture.lifecycle import (
     CaptureLifecycle,
     Fail,
     Reconnect,
     Stop,
     reconcile_identity,
 )
-
-SPEC = """
-apiVersion: tailrace/v1
-kind: Pipeline
-metadata: {name: orders}
-spec:
-  source: {type: postgres, id: pg1, dsn: "postgresql://u@h/db", tables: [public.orders]}
-  sinks: [{id: r1, type: redis, url: "redis://127.0.0.1:6379/0"}]
-  bus: {brokers: "127.0.0.1:9092"}
-"""
+from tests.fix_capture import unit_pipeline
 
 
 class FakeControl:
@@ -56,13 +46,13 @@ class FakeControl:
 
 
 def make(control: FakeControl, on_error: Any = lambda e: None) -> CaptureLifecycle:
-    return CaptureLifecycle(parse_pipeline(SPEC, env={}), control, on_error,  # type: ignore[arg-type]
+    return CaptureLifecycle(unit_pipeline(), control, on_error,  # type: ignore[arg-type]
                             Backoff(0.01, 0.02, jitter=False))
 
 
 @pytest.fixture(autouse=True)
 def no_bus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "ensure_topic", lambda *a: None)
+    monkeypatch.setattr(lifecycle, "ensure_topic", lambda *a, **k: None)
 
 
 def failing(*errors: BaseException) -> Any:
@@ -115,13 +105,13 @@ def test_the_source_handler_fails_stops_or_leaves_an_error_alone():
 
 
 def test_backoff_doubles_up_to_its_maximum_and_may_restart_after_streaming():
-    fixed = Backoff(0.5, 10.0, jitter=False, reset_on_stream=False)
+    fixed = Backoff(0.5, 10.0, jitter=False, reset_on_progress=False)
     assert [fixed.next() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
-    fixed.streamed()
+    fixed.reset()
     assert fixed.next() == 10.0
     jittered = Backoff(0.5, 10.0)
     assert all(0.25 <= jittered.next() <= 10.0 for _ in range(2000))
-    jittered.streamed()
+    jittered.reset()
     assert 0.25 <= jittered.next() <= 0.5
 
 

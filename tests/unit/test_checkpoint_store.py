@@ -6,15 +6,31 @@ import pytest
 
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.checkpoints import CheckpointStore
+from tailrace_services.control.epochs import EpochStore
+from tailrace_services.control.status import FailedPrecondition
 from tailrace_services.control.storage import MemoryStorage, SqliteStorage
 
 
+def published(storage, tx_seq: int, offset: int = 1000) -> None:
+    """Capture recorded an epoch at `tx_seq` (checkpoints may not pass it)."""
+    epoch = pb.Epoch(source_id="src", epoch_id=tx_seq)
+    epoch.position.tx_seq = tx_seq
+    epoch.end_offsets[0] = offset
+    EpochStore(storage).record(epoch)
+
+
 @pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
+def storage(request, tmp_path):
     storage = MemoryStorage() if request.param == "memory" else SqliteStorage(
         str(tmp_path / "c.db"))
-    yield CheckpointStore(storage)
+    published(storage, 100)
+    yield storage
     storage.close()
+
+
+@pytest.fixture
+def store(storage):
+    return CheckpointStore(storage)
 
 
 def cp(seq: int, sink: str = "s1") -> pb.Checkpoint:
@@ -39,3 +55,26 @@ def test_minimum_needs_every_sink(store):
     store.commit(cp(4, "b"), 0)
     assert store.minimum("src", ["a", "b"]).sink_id == "b"
     assert [c.sink_id for c in store.list("src")] == ["a", "b"]
+
+
+def test_a_checkpoint_past_the_latest_epoch_is_refused(storage, store):
+    """A forged `tx_seq + 1e9` would let capture release source log never published."""
+    far = cp(100 + 10**9)
+    with pytest.raises(FailedPrecondition, match=r"beyond the latest epoch of source src "
+                                                 r"\(epoch 100 at tx 100\.0\)"):
+        store.commit(far, 0)
+    offsets = cp(50)
+    offsets.bus_offsets[0] = 1001
+    with pytest.raises(FailedPrecondition, match="partition 0 offset 1001 > 1000"):
+        store.commit(offsets, 0)
+    assert store.get("src", "s1") is None
+    assert store.commit(cp(100), 0)[0], "at the epoch is fine"
+    published(storage, 200)
+    assert store.commit(cp(150), 1)[0]
+
+
+def test_no_epoch_no_checkpoint_but_the_origin(tmp_path):
+    store = CheckpointStore(MemoryStorage())
+    with pytest.raises(FailedPrecondition, match="has recorded no epoch yet"):
+        store.commit(cp(1), 0)
+    assert store.commit(cp(0), 0)[0], "the origin names nothing"

@@ -71,3 +71,221 @@ def test_missing_required_field_and_bad_table_pattern():
     text = GOOD.replace('  bus: {brokers: "${KAFKA:-127.0.0.1:9092}"}\n', "")
     with pytest.raises(ConfigError, match=r"spec\.bus: required field is missing"):
         parse_pipeline(text, env={"PG_DSN": "x"})
+
+
+LISTS = """
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {name: orders}
+spec:
+  source: {type: postgres, id: pg1, dsn: "postgresql://h/db",
+           tables: [public.orders, "public orders", "shop .x"]}
+  sinks:
+    - {id: r1, type: redis, url: "redis://h"}
+    - {id: k1, type: kafka, brokers: "h:9092", exactly_onec: true}
+    - {id: p1, type: postgres, dsn: "postgresql://h/db", folow_ddl: true}
+  processors:
+    - {type: filter, where: "op != 'delete'"}
+    - {type: transform, renam: {a: b}}
+    - {type: route, too: "x.{table}"}
+  bus: {brokers: "h:9092"}
+"""
+
+
+def test_a_typo_in_a_later_list_item_names_that_item_and_its_fields():
+    with pytest.raises(ConfigError) as exc:
+        parse_pipeline(LISTS, source="s.yaml", env={})
+    problems = exc.value.problems
+    print("\n".join(problems))
+    expected = {
+        "spec.sinks[1].exactly_onec": "did you mean 'exactly_once'?",
+        "spec.sinks[2].folow_ddl": "did you mean 'follow_ddl'?",
+        "spec.processors[1].renam": "did you mean 'rename'?",
+        "spec.processors[2].too": "did you mean 'to'?",
+        "spec.processors[2].to": "required field is missing",
+        "spec.source.tables[1]": "'public orders' is not a table pattern",
+        "spec.source.tables[2]": "'shop .x' is not a table pattern",
+    }
+    for field, hint in expected.items():
+        assert any(p.startswith(f"s.yaml: {field}: ") and hint in p for p in problems), field
+    # each item's allowed fields are its own model's, not the first item's
+    kafka = next(p for p in problems if "exactly_onec" in p)
+    assert "brokers" in kafka and "stream" not in kafka
+    route = next(p for p in problems if ".too:" in p)
+    assert "allowed: to, type" in route
+    assert len(problems) == len(expected), problems
+
+
+# -- everything the spec accepts is checked at load, and nothing is accepted to be ignored ---
+
+BASE = """
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {name: orders}
+spec:
+  source: {type: postgres, id: pg1, dsn: "postgresql://h/db", tables: [public.orders]}
+  sinks:
+    - {id: r1, type: redis, url: "redis://h"}
+  bus: {brokers: "h:9092"}
+"""
+
+
+def problems_of(extra: str, sinks: str = "") -> list[str]:
+    text = BASE.replace('    - {id: r1, type: redis, url: "redis://h"}\n',
+                        '    - {id: r1, type: redis, url: "redis://h"}\n' + sinks) + extra
+    with pytest.raises(ConfigError) as exc:
+        parse_pipeline(text, source="s.yaml", env={})
+    print("\n".join(exc.value.problems))
+    return exc.value.problems
+
+
+def test_a_bad_processor_expression_and_a_bad_ttl_are_refused_naming_file_and_field(tmp_path):
+    path = tmp_path / "orders.yaml"
+    path.write_text(BASE + """\
+  processors:
+    - {type: filter, where: "op != 'delete'"}
+    - {type: filter, where: "amount >>> AND"}
+    - {type: transform, set: {total: "price * qty", day: "date_format(ts, 'yyyy-MM-dd')"}}
+  journal: {enabled: true, ttl: 7 days}
+""")
+    with pytest.raises(ConfigError) as exc:
+        load_pipeline(path, env={})
+    problems = exc.value.problems
+    assert len(problems) == 3, problems
+    where, day, ttl = problems
+    assert where.startswith(f"{path}: spec.processors[1].where: not a valid Spark SQL "
+                            "expression 'amount >>> AND': Required keyword: 'expression'")
+    assert day.startswith(f"{path}: spec.processors[2].set.day: not supported by the processor "
+                          "evaluator (sqlglot's Python executor has no TIMETOSTR): DATE_FORMAT(")
+    assert ttl.startswith(f"{path}: spec.journal.ttl: '7 days' is not a duration; use a number "
+                          "and a unit: 30m, 12h, 7d")
+
+
+@pytest.mark.parametrize(("expression", "why"), [
+    ("sum(amount) > 10", "aggregate and window functions are not allowed"),
+    ("row_number() OVER (ORDER BY id) = 1", "aggregate and window functions are not allowed"),
+    ("id IN (SELECT 1)", "subqueries are not allowed"),
+    ("SELECT 1", "is a statement; write an expression"),
+    ("a > 1; b > 2", "holds more than one expression"),
+    ("orders.amount > 10", "could not be resolved for table: 'orders'"),
+    ("CAST(amount AS INT) > 10", "not supported by the processor evaluator"),
+])
+def test_what_the_evaluator_cannot_run_on_any_row_is_refused(expression: str, why: str) -> None:
+    (problem,) = problems_of(f'  processors: [{{type: filter, where: "{expression}"}}]\n')
+    assert problem.startswith("s.yaml: spec.processors[0].where: ") and why in problem
+
+
+def test_expressions_that_fail_only_on_some_values_load():
+    """`amount / 1` fails on a text amount: that event fails alone, the spec is fine."""
+    spec = parse_pipeline(BASE + """\
+  processors:
+    - {type: filter, where: "amount / 1 > 0 AND lower(name) LIKE 'a%' AND op != 'delete'"}
+    - {type: transform, set: {label: "CASE WHEN amount > 100 THEN 'big' ELSE 'small' END"}}
+""", env={})
+    assert len(spec.spec.processors) == 2
+
+
+@pytest.mark.parametrize(("ttl", "seconds"), [
+    ("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("45s", 45), ("2w", 14 * 86400),
+    (3600, 3600), ("1.5h", 5400),
+])
+def test_journal_ttl_is_parsed_at_load(ttl: object, seconds: float) -> None:
+    spec = parse_pipeline(BASE + f"  journal: {{ttl: {ttl}}}\n", env={})
+    assert spec.spec.journal.ttl.total_seconds() == seconds
+
+
+@pytest.mark.parametrize("ttl", ["0s", "-1d", "7 days", "d", "7y"])
+def test_a_bad_ttl_is_named(ttl: str) -> None:
+    (problem,) = problems_of(f"  journal: {{ttl: {ttl}}}\n")
+    assert problem.startswith("s.yaml: spec.journal.ttl: ") and "duration" in problem
+
+
+def test_max_inflight_other_than_one_is_refused_as_not_supported_yet():
+    assert parse_pipeline(BASE + "  batch: {max_inflight: 1}\n", env={}).spec.batch.max_inflight == 1
+    (problem,) = problems_of("  batch: {max_inflight: 4}\n")
+    assert problem.startswith("s.yaml: spec.batch.max_inflight: 4 is not supported yet: "
+                              "delivery keeps one batch in flight per pipeline")
+
+
+def test_a_micro_batch_interval_below_the_floor_is_refused():
+    (problem,) = problems_of("  batch: {max_ms: 20}\n")
+    assert problem.startswith("s.yaml: spec.batch.max_ms: 20 ms is shorter than the shortest "
+                              "micro-batch interval delivery runs; use 100 or more")
+
+
+@pytest.mark.parametrize(("sink", "field", "why"), [
+    ('{id: p1, type: postgres, dsn: "postgresql://h/db", envelope: native}',
+     "spec.sinks[1].envelope", "the postgres sink writes rows into tables, not envelopes"),
+    ('{id: k1, type: kafka, brokers: "h:1", checkpoint_topic: cps}',
+     "spec.sinks[1].checkpoint_topic", "applies to exactly_once: true only"),
+    ('{id: k1, type: kafka, brokers: "h:1", client_config: {acks: "1"}}',
+     "spec.sinks[1].client_config", "acks is set by Tailrace (all, for no loss); remove it"),
+    ('{id: k1, type: kafka, brokers: "h:1", client_config: {bootstrap.servers: "x:1"}}',
+     "spec.sinks[1].client_config", "bootstrap.servers is set by Tailrace (from the sink's "
+                                    "brokers)"),
+    ('{id: k1, type: kafka, brokers: "h:1", exactly_once: true, '
+     'client_config: {transactional.id: t}}',
+     "spec.sinks[1].client_config", "transactional.id is set by Tailrace"),
+    ('{id: r2, type: redis, url: "redis://h", stream: "cdc.{table"}',
+     "spec.sinks[1].stream", "is not a routing template: expected '}'"),
+    ('{id: r2, type: redis, url: "redis://h", stream: "cdc.{table:>9}"}',
+     "spec.sinks[1].stream", "{table} takes no format or conversion"),
+    ('{id: r2, type: redis, url: "redis://h", stream: "cdc.{pipeline}.{table}"}',
+     "spec.sinks[1].stream", "unknown template field {pipeline}"),
+])
+def test_a_sink_setting_that_would_be_ignored_is_refused(sink: str, field: str, why: str) -> None:
+    (problem,) = problems_of("", sinks=f"    - {sink}\n")
+    assert problem.startswith(f"s.yaml: {field}: ") and why in problem
+
+
+def test_the_bus_brokers_are_not_overridden_by_client_config():
+    text = BASE.replace('bus: {brokers: "h:9092"}',
+                        'bus: {brokers: "h:9092", client_config: {bootstrap.servers: "x:1"}}')
+    with pytest.raises(ConfigError, match=r"spec\.bus\.client_config: bootstrap\.servers is set "
+                                          r"by Tailrace \(from bus\.brokers\)"):
+        parse_pipeline(text, env={})
+
+
+def test_client_config_numbers_and_booleans_reach_librdkafka_as_text():
+    spec = parse_pipeline(BASE.replace(
+        'bus: {brokers: "h:9092"}',
+        'bus: {brokers: "h:9092", client_config: {linger.ms: 20, enable.ssl.certificate'
+        '.verification: false}}'), env={})
+    assert dict(spec.spec.bus.client_config) == {
+        "linger.ms": "20", "enable.ssl.certificate.verification": "false"}
+
+
+@pytest.mark.parametrize("policy", ["all", "{quorum: 1}"])
+def test_required_false_is_refused_where_every_sink_counts(policy: str) -> None:
+    problems = problems_of(f"  commit_policy: {policy}\n",
+                           sinks="    - {id: r2, type: redis, url: \"redis://h\", "
+                                 "required: false}\n")
+    assert len(problems) == 1 and problems[0].startswith(
+        "s.yaml: spec.sinks[1].required: required: false has no effect under commit_policy ")
+
+
+def test_a_quorum_no_set_of_sinks_can_meet_is_refused():
+    (problem,) = problems_of("  commit_policy: {quorum: 3}\n")
+    assert problem == ("s.yaml: spec.commit_policy.quorum: 3 can never be met by 1 sink(s); "
+                       "set it between 1 and 1")
+
+
+def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
+    """Every snapshot setting the loader accepts is used (tests/integration/test_pg_snapshot.py);
+    what is not built yet is refused with a message, never accepted and ignored."""
+    pg = GOOD.replace("tables: [public.orders, shop.order_%]}",
+                      "tables: [public.orders], snapshot: {mode: initial_only, chunk_size: 500}}")
+    snapshot = parse_pipeline(pg, env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
+    assert (snapshot.mode, snapshot.chunk_size) == ("initial_only", 500)
+    for bad, match in [("mode: when_needed", r"snapshot\.mode"),
+                       ("chunk_size: 0", r"snapshot\.chunk_size"),
+                       ("parallelism: 2", r"snapshot\.parallelism"),
+                       ("key_columns: {public.orders: [id]}", r"snapshot\.key_columns")]:
+        text = GOOD.replace("tables: [public.orders, shop.order_%]}",
+                            f"tables: [public.orders], snapshot: {{{bad}}}}}")
+        with pytest.raises(ConfigError, match=match):
+            parse_pipeline(text, env={"PG_DSN": "postgresql://h/db"})
+    mysql = GOOD.replace("type: postgres", "type: mysql").replace(
+        "tables: [public.orders, shop.order_%]}", "tables: [shop.orders], snapshot: {mode: initial}}")
+    with pytest.raises(ConfigError, match="not available for mysql sources yet"):
+        parse_pipeline(mysql, env={"PG_DSN": "mysql://u@h:3306/shop"})

@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client import Counter
 
-from tailrace.httpside import start_http_side
+from tailrace.httpside import Health, start_http_side
 
 PROBES = Counter("tailrace_test_httpside_probes", "a counter only this test increments")
 
@@ -51,5 +51,19 @@ def test_health_ready_metrics():
         assert status == 200 and kind.startswith("text/plain")
         assert "tailrace_test_httpside_probes_total 1.0" in body
         assert get(f"{side.url}/nope")[0] == 404
+    finally:
+        side.stop()
+
+
+def test_a_health_answer_may_carry_its_own_status():
+    answer = {"health": Health(False, "5 restarts in a row without a checkpoint advancing: x",
+                               "degraded")}
+    side = start_http_side(0, lambda: answer["health"], lambda: True)
+    try:
+        status, kind, body = get(f"{side.url}/health")
+        assert (status, kind) == (503, "application/json")
+        assert json.loads(body) == {"status": "degraded", "reason": answer["health"].reason}
+        answer["health"] = Health(True, "ok")
+        assert get(f"{side.url}/health")[::2] == (200, "ok\n")
     finally:
         side.stop()

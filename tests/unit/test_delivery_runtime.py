@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tailrace.events import ChangeEvent, EpochMarker, Position, encode_epoch, encode_event
-from tailrace_services.delivery.fanout import pending_for
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
@@ -22,12 +21,14 @@ def ev(tx: int, idx: int) -> ChangeEvent:
     return ChangeEvent(table=f"{tx}.{idx}", position=Position(tx_seq=tx, event_index=idx))
 
 
-def test_pending_skips_checkpointed_and_duplicate_copies():
+def test_a_sink_gets_what_is_past_its_checkpoint_and_duplicate_copies_once():
     # tx 1..3 published, capture restarted mid tx 3 and re-published 2..4
     events = [ev(1, 0), ev(2, 0), ev(2, 1), ev(3, 0), ev(2, 0), ev(2, 1), ev(3, 0), ev(3, 1),
               ev(4, 0)]
-    got = pending_for(events, Position(tx_seq=1, event_index=0))
-    assert [e.table for e in got] == ["2.0", "2.1", "3.0", "3.1", "4.0"]
+    sink = ListSink("s")
+    deliver_slice(0, [(i, encode_event(e)) for i, e in enumerate(events)], [sink],
+                  {"s": Position(tx_seq=1, event_index=0)})
+    assert [e.table for e in sink.events] == ["2.0", "2.1", "3.0", "3.1", "4.0"]
 
 
 def test_deliver_slice_reports_epoch_and_offsets():

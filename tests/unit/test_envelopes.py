@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tailrace.envelopes import CONTENT_TYPES, UNAVAILABLE, Encoder, encode
+from tailrace.envelopes import CONTENT_TYPES, UNAVAILABLE, Encoder, Record, changes_key, encode
 from tailrace.events import (
     UNCHANGED_TOAST,
     ChangeEvent,
@@ -200,6 +200,94 @@ def test_data_collection_order_counts_per_table_within_a_transaction() -> None:
         seen[(event.tx_id, event.table)] = seen.get((event.tx_id, event.table), 0) + 1
         assert tx["total_order"] == event.tx_index + 1
         assert tx["data_collection_order"] == seen[(event.tx_id, event.table)]
+
+
+# -- Debezium keys, schemas.enable, tombstones, key changes ---------------------------
+
+def _key_event(op: int, before: dict[str, Any] | None, after: dict[str, Any] | None
+               ) -> ChangeEvent:
+    event = source_events(1)[0]
+    event.op = op
+    for image, row in (("before", before), ("after", after)):
+        event.ClearField(image)
+        for name, value in (row or {}).items():
+            getattr(event, image).columns.add(name=name, type="integer" if name == "id" else "text",
+                                               value=value_of(value))
+    return event
+
+
+def test_debezium_key_is_the_pk_struct_with_a_schema_or_the_bare_payload() -> None:
+    event = _key_event(Op.OP_UPDATE, {"id": 5}, {"id": 5, "note": "x"})
+    key = json.loads(Encoder("debezium").key(event))
+    assert key == {"schema": {"type": "struct", "optional": False,
+                              "name": f"src1.shop.public.{event.table}.Key",
+                              "fields": [{"type": "int32", "optional": False, "field": "id"}]},
+                   "payload": {"id": 5}}
+    assert json.loads(Encoder("debezium", schemas=False).key(event)) == {"id": 5}
+
+
+def test_schemas_enable_false_makes_key_and_value_bare_payloads() -> None:
+    event = rich_event()
+    with_schema = json.loads(Encoder("debezium").encode(event))
+    bare = json.loads(Encoder("debezium", schemas=False).encode(event))
+    assert set(with_schema) == {"schema", "payload"}
+    assert bare == with_schema["payload"]  # the same payload, without the wrapper
+    assert {"before", "after", "source", "op", "ts_ms"} <= set(bare)
+    ddl = source_events(1)[0]
+    ddl.op, ddl.ddl = Op.OP_DDL, "ALTER TABLE orders ADD COLUMN x int"
+    assert "schema" not in json.loads(Encoder("debezium", schemas=False).encode(ddl))
+
+
+@pytest.mark.parametrize("schemas", [True, False])
+def test_a_delete_is_followed_by_a_tombstone_with_the_same_key(schemas: bool) -> None:
+    delete = _key_event(Op.OP_DELETE, {"id": 5}, None)
+    encoder = Encoder("debezium", schemas=schemas, tombstones=True)
+    first, tombstone = encoder.records(delete)
+    assert json.loads(first.value or b"null") == (
+        json.loads(encode(delete, "debezium")) if schemas
+        else json.loads(encode(delete, "debezium"))["payload"])
+    assert first.part == "" and first.key == encoder.key(delete)
+    assert tombstone == Record(first.key, None, "tombstone")
+    # every other op is one record; tombstones off, a delete is one record too
+    insert = _key_event(Op.OP_INSERT, None, {"id": 5, "note": "x"})
+    assert len(encoder.records(insert)) == 1
+    assert [r.value is None for r in Encoder("debezium").records(delete)] == [False]
+
+
+def test_no_tombstone_for_a_table_without_a_key() -> None:
+    delete = _key_event(Op.OP_DELETE, {"id": 5, "note": "x"}, None)
+    delete.ClearField("key_columns")  # its key is the table's: a tombstone would drop it all
+    assert len(Encoder("debezium", tombstones=True).records(delete)) == 1
+
+
+def test_a_key_change_is_a_delete_a_tombstone_and_a_create_as_debezium_sends_it() -> None:
+    change = _key_event(Op.OP_UPDATE, {"id": 5}, {"id": 7, "note": "moved"})
+    assert changes_key(change)
+    assert not changes_key(_key_event(Op.OP_UPDATE, {"id": 5}, {"id": 5, "note": "x"}))
+    assert not changes_key(_key_event(Op.OP_UPDATE, None, {"id": 5, "note": "x"}))
+    delete, tombstone, create = Encoder("debezium", tombstones=True).records(change)
+    old_doc, new_doc = json.loads(delete.value or b""), json.loads(create.value or b"")
+    assert json.loads(delete.key)["payload"] == {"id": 5} and delete.part == "delete"
+    assert (old_doc["payload"]["op"], old_doc["payload"]["before"],
+            old_doc["payload"]["after"]) == ("d", {"id": 5}, None)
+    assert delete.headers == (("__debezium.newkey", b'{"id":7}'),)
+    assert tombstone == Record(delete.key, None, "tombstone")
+    assert json.loads(create.key)["payload"] == {"id": 7} and create.part == ""
+    assert (new_doc["payload"]["op"], new_doc["payload"]["before"],
+            new_doc["payload"]["after"]) == ("c", None, {"id": 7, "note": "moved"})
+    assert create.headers == (("__debezium.oldkey", b'{"id":5}'),)
+    assert [r.part for r in Encoder("debezium").records(change)] == ["delete", ""]
+    # other envelopes keep the event whole: one record, keyed as ever
+    native = Encoder("native").records(change)
+    assert native == [Record(Encoder("native").key(change), encode(change))]
+
+
+def test_debezium_options_are_refused_for_other_envelopes() -> None:
+    for envelope in ("native", "protobuf", "cloudevents"):
+        with pytest.raises(ValueError, match="debezium options"):
+            Encoder(envelope, tombstones=True)
+        with pytest.raises(ValueError, match="debezium options"):
+            Encoder(envelope, schemas=False)
 
 
 # -- CloudEvents ------------------------------------------------------------------------

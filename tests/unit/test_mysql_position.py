@@ -13,11 +13,12 @@ from tailrace_services.capture_mysql.gtid import (
 )
 from tailrace_services.capture_mysql.position import (
     CapturePosition,
-    CheckpointFile,
+    CheckpointProof,
+    Sameness,
     check_reachable,
     loss_reason,
 )
-from tailrace_services.capture_mysql.stream import BinlogHeader
+from tailrace_services.capture_mysql.reader import BinlogHeader
 
 U1 = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
 U2 = "19d69c1e-ae97-4b8c-a1ef-9e12ba966457"
@@ -93,70 +94,90 @@ def maria(pos: str, state: str | None = None, oldest: str = "", binlogs: tuple[s
                                   MariadbGtidPosition.parse(oldest)))
 
 
-def cp(gtids: str, file: str = "mysql-bin.000002", offset: int = 900, created: int = 1_700_000_100,
-       server_id: int = 1) -> CapturePosition:
+def cp(gtids: str, file: str = "mysql-bin.000002", offset: int = 900, prev: str = "",
+       digest: int = 0xD1) -> CapturePosition:
     return CapturePosition("mariadb", gtid_set=gtids, gtid=gtids.split(",")[0], file=file,
-                           offset=offset, file_created_unix=created, server_id=server_id,
+                           offset=offset, server_id=1, prev_gtid=prev, tx_digest=digest,
                            tx_seq=7)
 
 
-def same_file(gtids: str, created: int = 1_700_000_100) -> CheckpointFile:
-    return CheckpointFile(True, created, MariadbGtidPosition.parse(gtids))
+SAME = Sameness(True, "the same server")
+OTHER = Sameness(False, "a different server (its data directory was created at T2, ...)")
+UNKNOWN = Sameness(None, "a server whose identity was never stored")
 
 
-def test_mariadb_reachable_on_the_same_server() -> None:
-    assert loss_reason(cp("0-1-50"), maria("0-1-80"), same_file("0-1-50")) is None
+def ours(gtid: str = "0-1-50") -> CheckpointProof:
+    return CheckpointProof(gtid, 0xD1)
 
 
-def test_mariadb_server_behind_is_lost() -> None:
-    reason = loss_reason(cp("0-1-50"), maria("0-1-30"), same_file("0-1-50"))
-    assert reason and "behind our checkpoint" in reason and "0-1-30" in reason
-    reason = loss_reason(cp("0-1-50,1-1-3"), maria("0-1-60"), None)
-    assert reason and "domain 1" in reason
+def test_before_is_the_state_just_before_the_transaction() -> None:
+    p = cp("0-1-50,1-1-3", prev="0-1-49")
+    assert str(p.before()) == "0-1-49,1-1-3"
+    assert str(cp("1-1-3,0-1-50").before()) == "0-1-50"  # first of its domain: domain dropped
+
+
+def test_mariadb_the_same_transaction_proves_continuity_on_any_server() -> None:
+    assert loss_reason(cp("0-1-50"), maria("0-1-80"), ours(), SAME) is None
+    # a promoted replica: applied 0-1-1..60 from server 1, then wrote 0-2-61..70
+    facts = maria("0-2-70", state="0-1-60,0-2-70", server_id=2)
+    assert loss_reason(cp("0-1-50"), facts, ours(), OTHER) is None
+
+
+def test_mariadb_server_behind_is_lost_and_says_who_it_is() -> None:
+    reason = loss_reason(cp("0-1-50"), maria("0-1-30"), ours(), SAME)
+    assert reason and "binlog ends at 0-1-30 but our checkpoint is at 0-1-50" in reason
+    assert "behind our checkpoint; this server's binlog was reset (RESET MASTER)" in reason
+    reason = loss_reason(cp("0-1-50,1-1-3"), maria("0-1-60"), None, OTHER)
+    assert reason and "domain 1" in reason and "this is a different server" in reason
+    reason = loss_reason(cp("0-1-50"), maria(""), None, OTHER)
+    assert reason and "binlog ends at nothing (an empty binlog) but" in reason
 
 
 def test_mariadb_independent_server_is_lost_even_when_its_numbers_are_ahead() -> None:
     # another server wrote its own 0-7-1..500: our 0-1-50 was never in its history
-    reason = loss_reason(cp("0-1-50"), maria("0-7-500", server_id=7), None)
+    reason = loss_reason(cp("0-1-50"), maria("0-7-500", server_id=7), None, OTHER)
     assert reason and "never contained GTID 0-1-50" in reason
 
 
-def test_mariadb_promoted_replica_continues() -> None:
-    # the replica applied 0-1-1..60 from the old primary (server 1), then wrote 0-2-61..70
-    facts = maria("0-2-70", state="0-1-60,0-2-70", server_id=2)
-    assert loss_reason(cp("0-1-50"), facts, None) is None
+def test_mariadb_same_numbers_other_contents_is_lost() -> None:
+    """A fresh server with server_id 1 reuses 0-1-N: the number matches, the contents not."""
+    other = CheckpointProof("0-1-50", 0xBAD)
+    reason = loss_reason(cp("0-1-50"), maria("0-1-153"), other, OTHER)
+    assert reason and "does not contain our checkpoint's transaction 0-1-50" in reason
+    assert "has other contents than ours; this is a different server" in reason
+    reason = loss_reason(cp("0-1-50"), maria("0-1-153"), other, SAME)
+    assert reason and "binlog was rewritten (RESET MASTER" in reason
+    reason = loss_reason(cp("0-1-50", prev="0-1-49"), maria("0-1-153"),
+                         CheckpointProof("0-2-50", 0xD1), UNKNOWN)
+    assert reason and "after 0-1-49 it holds 0-2-50, not 0-1-50" in reason
+
+
+def test_mariadb_unprovable_continuity_is_lost_unless_it_is_the_same_server() -> None:
+    gone = CheckpointProof(None, why="the binlog that held it was purged")
+    assert loss_reason(cp("0-1-50"), maria("0-1-80"), gone, SAME) is None
+    reason = loss_reason(cp("0-1-50"), maria("0-1-80"), gone, OTHER)
+    assert reason and reason.startswith("cannot prove that this server's history contains our "
+                                        "checkpoint's transaction 0-1-50 (mysql-bin.000002:900)")
+    assert "(the binlog that held it was purged), and this is a different server" in reason
+    reason = loss_reason(cp("0-1-50", digest=0), maria("0-1-80"), None, UNKNOWN)
+    assert reason and "no transaction digest" in reason
 
 
 def test_mariadb_purged_past_the_checkpoint_is_lost() -> None:
-    reason = loss_reason(cp("0-1-50"), maria("0-1-80", oldest="0-1-60"), None)
+    reason = loss_reason(cp("0-1-50"), maria("0-1-80", oldest="0-1-60"), None, SAME)
     assert reason and "purged past our checkpoint" in reason and "0-1-60" in reason
-    assert loss_reason(cp("0-1-50"), maria("0-1-80", oldest="0-1-50"), None) is None
-    reason = loss_reason(cp("0-1-50"), maria("0-1-80,3-1-9", oldest="0-1-10,3-1-2"), None)
+    assert loss_reason(cp("0-1-50"), maria("0-1-80", oldest="0-1-50"), None, SAME) is None
+    reason = loss_reason(cp("0-1-50"), maria("0-1-80,3-1-9", oldest="0-1-10,3-1-2"), None, SAME)
     assert reason and "3-1-2" in reason  # a domain we never read was purged
-
-
-def test_mariadb_reset_master_is_lost() -> None:
-    # the checkpoint's file is gone and the newest binlog sorts before it
-    reason = loss_reason(cp("0-1-50", file="mysql-bin.000007"),
-                         maria("0-1-90", binlogs=("mysql-bin.000001",)), CheckpointFile(False))
-    assert reason and "RESET MASTER" in reason
-    # the same file name, created anew
-    reason = loss_reason(cp("0-1-50"), maria("0-1-90"), same_file("0-1-50", created=1_800_000_000))
-    assert reason and "was created at 1800000000" in reason
-    # same second, but the offset is no longer our transaction's end
-    reason = loss_reason(cp("0-1-50"), maria("0-1-90"), CheckpointFile(True, 1_700_000_100, None))
-    assert reason and "not a transaction boundary" in reason
-    reason = loss_reason(cp("0-1-50"), maria("0-1-90"), same_file("0-1-12"))
-    assert reason and "rewritten" in reason
-
-
-def test_mariadb_purged_file_but_history_kept_is_fine() -> None:
-    facts = maria("0-1-90", oldest="0-1-40", binlogs=("mysql-bin.000003", "mysql-bin.000004"))
-    assert loss_reason(cp("0-1-50", file="mysql-bin.000002"), facts, CheckpointFile(False)) is None
+    reason = loss_reason(cp("0-1-50"), maria("0-1-80", oldest="0-1-60"), None, OTHER)
+    assert reason and reason.startswith("cannot prove that this server's history contains")
+    assert "purged past it (the oldest binlog mysql-bin.000001 starts after 0-1-60" in reason
+    assert reason.endswith("and this is a different server (its data directory was created "
+                           "at T2, ...)")
 
 
 def test_check_reachable_raises_the_exact_text() -> None:
     with pytest.raises(PositionLostError) as info:
-        check_reachable(cp("0-1-50"), maria("0-1-30"), None)
+        check_reachable(cp("0-1-50"), maria("0-1-30"), None, SAME)
     assert str(info.value).startswith("position lost: the server's binlog ends at 0-1-30")
     assert str(info.value).endswith(". Re-snapshot required.")

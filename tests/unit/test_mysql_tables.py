@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tailrace_services.capture_mysql.tables import DdlTarget, TableFilter, ddl_targets, is_ddl
+from tailrace_services.capture_mysql.tables import (
+    DdlTarget,
+    TableFilter,
+    ddl_targets,
+    is_ddl,
+    written_tables,
+)
 
 
 def test_patterns() -> None:
@@ -13,8 +19,6 @@ def test_patterns() -> None:
     assert not f.matches("shop", "customers") and not f.matches("Shop", "orders")
     assert f.matches("crm", "anything") and f.matches("billing", "audit")
     assert not f.matches("mysql", "audit")  # system databases never match a wildcard db
-    assert f.databases() is None
-    assert TableFilter(["shop.*", "crm.x"]).databases() == {"shop", "crm"}
 
 
 @pytest.mark.parametrize("bad", ["orders", "a.b.c", ".x", "x."])
@@ -50,3 +54,46 @@ def test_ddl_targets(query: str, default: str, expected: list[tuple[str, str, st
 def test_is_ddl() -> None:
     assert is_ddl("  alter table t add x int") and is_ddl("/* c */ DROP TABLE t")
     assert not is_ddl("INSERT INTO t VALUES (1)") and not is_ddl("BEGIN")
+
+
+@pytest.mark.parametrize(("query", "default", "expected"), [
+    # statements that write no rows
+    ("CREATE DATABASE shop", "", []),
+    ("GRANT SELECT ON shop.* TO 'x'@'%'", "s", []),
+    ("CREATE DEFINER=`root`@`localhost` TRIGGER tr BEFORE INSERT ON t FOR EACH ROW SET @a=1",
+     "s", []),
+    ("FLUSH PRIVILEGES", "s", []),
+    ("ANALYZE TABLE orders", "s", []),
+    ("ALTER TABLE orders ADD COLUMN x int", "shop", []),
+    ("CREATE TABLE t (id int, note text COMMENT 'select me')", "s", []),
+    ("# Dummy event replacing event type 160", "s", []),
+    # statement-based data changes
+    ("INSERT INTO orders VALUES (1)", "shop", [("shop", "orders")]),
+    ("insert low_priority ignore into `crm`.`x` (a) select a from shop.orders", "s",
+     [("crm", "x")]),
+    ("REPLACE INTO shop.orders SET id=1", "x", [("shop", "orders")]),
+    ("/* app */ INSERT INTO t VALUES ('a;b') ON DUPLICATE KEY UPDATE v=VALUES(v)", "s",
+     [("s", "t")]),
+    ("SET STATEMENT max_statement_time=5 FOR INSERT INTO t VALUES (1)", "s", [("s", "t")]),
+    ("UPDATE orders SET v='x' WHERE id=1", "shop", [("shop", "orders")]),
+    ("UPDATE LOW_PRIORITY IGNORE orders o SET o.v=1 ORDER BY id LIMIT 3", "shop",
+     [("shop", "orders")]),
+    ("UPDATE shop.a JOIN other.b ON a.id = b.id SET a.v = b.v", "s",
+     [("shop", "a"), ("other", "b")]),
+    ("UPDATE a, other.b SET a.v=1 WHERE a.id=b.id", "s", [("s", "a"), ("other", "b")]),
+    ("DELETE FROM orders WHERE id=3", "shop", [("shop", "orders")]),
+    ("DELETE LOW_PRIORITY QUICK IGNORE FROM orders o LIMIT 1", "shop", [("shop", "orders")]),
+    ("DELETE a, b FROM a JOIN crm.b ON a.id=b.id WHERE a.x>1", "s", [("s", "a"), ("crm", "b")]),
+    ("DELETE FROM a.* USING a LEFT JOIN b USING (id)", "s", [("s", "a"), ("s", "b")]),
+    ("LOAD DATA LOCAL INFILE '/tmp/x' REPLACE INTO TABLE shop.orders FIELDS TERMINATED BY ','",
+     "s", [("shop", "orders")]),
+    ("CREATE TABLE c SELECT * FROM a", "shop", [("shop", "c")]),
+    # writes to tables that cannot be told
+    ("SELECT f(1)", "s", None),
+    ("DO add_order(1)", "s", None),
+    ("WITH c AS (SELECT 1) UPDATE orders SET v=1", "s", None),
+    ("UPDATE (SELECT 1) x, t SET t.v=1", "s", None),
+])
+def test_written_tables(query: str, default: str,
+                        expected: list[tuple[str, str]] | None) -> None:
+    assert written_tables(query, default) == expected

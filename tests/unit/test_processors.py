@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from tailrace.config._model import FilterProcessor, RouteProcessor, TransformProcessor
+from tailrace.config import FilterProcessor, RouteProcessor, TransformProcessor
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Column, Op, Row, python_of, value_of
 from tailrace_services.delivery.processors import ProcessorChain
@@ -62,6 +62,17 @@ def test_a_failing_event_is_isolated():
                         r"unsupported operand type\(s\) for /: 'str' and 'int'", failed[0][1])
 
 
-def test_bad_expression_is_a_config_error_naming_the_field():
-    with pytest.raises(ConfigError, match=r"spec\.processors\[0\]\.where"):
-        ProcessorChain([FilterProcessor(type="filter", where="amount >>> AND")])
+def test_a_bad_expression_cannot_make_a_spec():
+    with pytest.raises(ValueError, match="not a valid Spark SQL expression 'amount >>> AND'"):
+        FilterProcessor(type="filter", where="amount >>> AND")
+
+
+def test_a_chain_refuses_what_its_evaluator_cannot_run_naming_the_field():
+    """A worker compiles the spec's expressions again; one its evaluator refuses (a worker
+    whose sqlglot differs from the driver's) is a configuration error, never a per-event
+    failure."""
+    unchecked = TransformProcessor.model_construct(type="transform", set={"v": "nosuch(id)"},
+                                                   drop=[], rename={})
+    with pytest.raises(ConfigError, match=r"^spec\.processors\[1\]\.set\.v: not supported by "
+                                          r"the processor evaluator .*NOSUCH"):
+        ProcessorChain([RouteProcessor(type="route", to="x"), unchecked])

@@ -10,16 +10,22 @@ import pytest
 import redis
 from confluent_kafka import KafkaError, KafkaException  # type: ignore[attr-defined]
 
-from tailrace.errors import FatalError, NonRetryableError, RetryableError
+from tailrace.errors import (
+    ConfigError,
+    FatalError,
+    NonRetryableError,
+    RetryableError,
+    TailraceError,
+)
 from tailrace_services.delivery.sinks import build_sink
-from tailrace_services.delivery.sinks.base import ErrorClass, PerEventError
+from tailrace_services.delivery.sinks.base import PerEventError
 from tailrace_services.delivery.sinks.kafka import KafkaSink, classify_kafka
 from tailrace_services.delivery.sinks.nats import classify_nats, subject_filter
 from tailrace_services.delivery.sinks.postgres import classify_postgres
 from tailrace_services.delivery.sinks.redis import classify_redis
 from tests.fix_sinks import sink_spec, source_events
 
-R, N, F = ErrorClass.RETRYABLE, ErrorClass.NON_RETRYABLE, ErrorClass.FATAL
+R, N, F = RetryableError, NonRetryableError, FatalError
 
 
 def _k(code: int, **flags: bool) -> KafkaException:
@@ -46,7 +52,7 @@ def _k(code: int, **flags: bool) -> KafkaException:
     (_k(KafkaError.UNKNOWN, fatal=True), F),  # a fatal commit error
     (RetryableError("x"), R), (NonRetryableError("x"), N), (FatalError("x"), F),
 ])
-def test_kafka_classification(error: BaseException, expected: ErrorClass) -> None:
+def test_kafka_classification(error: BaseException, expected: type[TailraceError]) -> None:
     assert classify_kafka(error) is expected
 
 
@@ -61,7 +67,7 @@ def test_kafka_classification(error: BaseException, expected: ErrorClass) -> Non
     (redis.ResponseError("NOAUTH Authentication required."), N),
     (redis.ResponseError("WRONGTYPE Operation against a key"), N),
 ])
-def test_redis_classification(error: BaseException, expected: ErrorClass) -> None:
+def test_redis_classification(error: BaseException, expected: type[TailraceError]) -> None:
     assert classify_redis(error) is expected
 
 
@@ -76,7 +82,7 @@ def test_redis_classification(error: BaseException, expected: ErrorClass) -> Non
     (nats.errors.NoRespondersError(), N),
     (nats.errors.MaxPayloadError(), N),
 ])
-def test_nats_classification(error: BaseException, expected: ErrorClass) -> None:
+def test_nats_classification(error: BaseException, expected: type[TailraceError]) -> None:
     assert classify_nats(error) is expected
 
 
@@ -93,7 +99,7 @@ def test_nats_classification(error: BaseException, expected: ErrorClass) -> None
     (psycopg.errors.UndefinedTable(), N),
     (psycopg.errors.NumericValueOutOfRange(), N),
 ])
-def test_postgres_classification(error: BaseException, expected: ErrorClass) -> None:
+def test_postgres_classification(error: BaseException, expected: type[TailraceError]) -> None:
     assert classify_postgres(error) is expected
 
 
@@ -108,7 +114,23 @@ def test_too_large_and_unroutable_events_fail_alone_with_their_indexes() -> None
     assert [i for i, _ in caught.value.failures] == [1, 4]
     assert "message too large" in caught.value.failures[0][1]
     assert "nope" in caught.value.failures[1][1]
-    assert sink.classify(caught.value) is N
+    assert isinstance(caught.value, NonRetryableError)
+
+
+@pytest.mark.parametrize(("setting", "refused"), [
+    ({"no.such.property": "1"}, 'No such configuration property: "no.such.property"'),
+    ({"linger.ms": "soon"}, "Invalid value for configuration property"),
+    ({"message.max.bytes": "lots"}, "message.max.bytes is 'lots'"),
+])
+def test_settings_librdkafka_refuses_are_a_config_error_naming_the_sink(
+        setting: dict[str, str], refused: str) -> None:
+    """Checked where the sink runs (the executor's librdkafka), before any connection."""
+    spec = sink_spec(id="k9", type="kafka", brokers="127.0.0.1:1",
+                     client_config={"sasl.password": "hunter2", **setting})
+    with pytest.raises(ConfigError) as caught:
+        KafkaSink(spec).open()
+    assert str(caught.value).startswith("kafka sink k9: client_config: ")
+    assert refused in str(caught.value) and "hunter2" not in str(caught.value)
 
 
 def test_build_sink_maps_every_spec_type() -> None:
@@ -118,8 +140,10 @@ def test_build_sink_maps_every_spec_type() -> None:
         sink_spec(id="c", type="redis", url="redis://127.0.0.1:1/0"),
         sink_spec(id="d", type="postgres", dsn="postgresql://u@127.0.0.1:1/db"),
     ]
+    specs.append(sink_spec(id="e", type="kafka", brokers="127.0.0.1:1", exactly_once=True))
     kinds = [type(build_sink(s, pipeline="p")).__name__ for s in specs]
-    assert kinds == ["KafkaSink", "NatsSink", "RedisSink", "PostgresSink"]
+    assert kinds == ["KafkaSink", "NatsSink", "RedisSink", "PostgresSink",
+                     "TransactionalKafkaSink"]
     assert build_sink(specs[0]).retry.base_s == 0.1 and build_sink(specs[0]).retry.max_s == 10
     assert build_sink(specs[1]).retry.base_s == 0.05 and build_sink(specs[2]).retry.max_s == 5
     with pytest.raises(ValueError, match="kafka, nats, redis or postgres"):

@@ -1,5 +1,5 @@
 from tailrace.events import ChangeEvent
-from tailrace.txbuffer import TransactionBuffer
+from tailrace_services.capture.txbuffer import TransactionBuffer
 
 
 def test_spills_past_the_bound_and_keeps_order():

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
+from tailrace.config._checks import cross_field_problems
 from tailrace.config._env import expand
 from tailrace.config._model import PipelineSpec
 from tailrace.errors import ConfigError
+
+_SECRET_FIELDS = {"dsn", "url", "token", "password"}  # never echoed in an error
 
 
 def load_pipeline(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> PipelineSpec:
@@ -49,6 +54,7 @@ def parse_pipeline(text: str, source: str = "<spec>", env: Mapping[str, str] | N
                 continue  # already reported as an unset variable
             problems.append(f"{source}: {field}: {_explain(err, tree)}")
         raise ConfigError(problems) from None
+    problems += [f"{source}: {field}: {problem}" for field, problem in cross_field_problems(spec)]
     if problems:
         raise ConfigError(problems)
     return spec
@@ -74,50 +80,63 @@ def _field_path(loc: tuple[Any, ...], tree: Any) -> str:
 
 
 def _model_at(loc: tuple[Any, ...], tree: Any) -> type[BaseModel] | None:
-    """The spec model that owns the last step of `loc`, to list its allowed fields."""
-    from tailrace.config import _model
+    """The spec model that owns the last step of `loc`, to list its allowed fields.
 
-    model: Any = PipelineSpec
+    Each step is resolved against the part of the spec it names, so an error in
+    `spec.sinks[1]` is explained with the second sink's model, not the first's.
+    """
+    annotation: Any = PipelineSpec
     node = tree
     for step in loc[:-1]:
+        annotation = _resolve(annotation, node)
         if isinstance(step, int):
+            annotation = _item_annotation(annotation)
             node = node[step] if isinstance(node, list) and step < len(node) else None
             continue
         if isinstance(node, dict) and node.get("type") == step and step not in node:
-            continue
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue  # a discriminated union's tag step
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
-        field = model.model_fields.get(step)
+        field = annotation.model_fields.get(step)
         if field is None:
             return None
-        model = _resolve(field.annotation, node.get(step) if isinstance(node, dict) else None,
-                         _model)
+        annotation = field.annotation
         node = node.get(step) if isinstance(node, dict) else None
+    model = _resolve(annotation, node)
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _resolve(annotation: Any, value: Any, module: Any) -> Any:
-    import typing
+def _item_annotation(annotation: Any) -> Any:
+    """`X` for `list[X]` (or `tuple[X, ...]`); None when `annotation` is not a sequence."""
+    if typing.get_origin(annotation) in (list, tuple):
+        args = typing.get_args(annotation)
+        return args[0] if args else None
+    return None
 
+
+def _resolve(annotation: Any, value: Any) -> Any:
+    """The model `value` is validated as: Annotated unwrapped, a union picked by `type` tag."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _resolve(typing.get_args(annotation)[0], value, module)
-    if origin is list:
-        item = value[0] if isinstance(value, list) and value else None
-        return _resolve(typing.get_args(annotation)[0], item, module)
+        return _resolve(typing.get_args(annotation)[0], value)
+    if origin in (list, tuple, dict):
+        return annotation
     args = typing.get_args(annotation)
-    if args:  # a union: pick by the `type` tag when there is one
+    if args:  # a union (Optional included): pick by the `type` tag when there is one
         models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
         for m in models:
             tag = m.model_fields.get("type")
             if tag and isinstance(value, dict) and value.get("type") in typing.get_args(
                     tag.annotation):
                 return m
-        return models[0] if len(models) == 1 else None
+        if len(models) == 1:
+            return models[0]
+        sequences = [a for a in args if typing.get_origin(a) in (list, tuple)]
+        return sequences[0] if len(sequences) == 1 and isinstance(value, list) else None
     return annotation
 
 
-def _explain(err: Any, tree: Any) -> str:
+def _explain(err: ErrorDetails, tree: Any) -> str:
     kind, loc, msg = err["type"], err["loc"], err["msg"]
     if kind == "extra_forbidden":
         model = _model_at(loc, tree)
@@ -133,6 +152,9 @@ def _explain(err: Any, tree: Any) -> str:
         return f"{msg.lower()}; got {err.get('input')!r}"
     if kind == "union_tag_not_found":
         return "field 'type' is missing; " + msg.split(".")[0].lower()
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
     got = err.get("input")
-    shown = "" if isinstance(got, dict | list) else f"; got {got!r}"
+    secret = bool(loc) and str(loc[-1]) in _SECRET_FIELDS  # a DSN or URL may hold a password
+    shown = "" if secret or isinstance(got, dict | list) else f"; got {got!r}"
     return f"{msg[0].lower()}{msg[1:]}{shown}"

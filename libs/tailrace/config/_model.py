@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import re
+import string
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from tailrace.config._dsn import check_mysql_dsn, check_postgres_dsn
+from tailrace.config._expressions import compile_expression
+from tailrace.config._units import parse_duration, parse_size
+from tailrace.logs import redact_mapping
 
 _TABLE_PATTERN = re.compile(r"^[A-Za-z0-9_%*$]+\.[A-Za-z0-9_%*$]+(\.[A-Za-z0-9_%*$]+)?$")
-_TEMPLATE_FIELDS = {"database", "schema", "table", "op", "source_id", "tenant", "pipeline"}
+# what `sinks/templates.render` fills in
+_TEMPLATE_FIELDS = {"database", "schema", "table", "op", "source_id", "tenant"}
 
 
 class _Spec(BaseModel):
@@ -16,14 +35,120 @@ class _Spec(BaseModel):
 
 
 def _check_template(value: str) -> str:
+    """A routing template as `str.format` will fill it: known fields only, no format specs."""
     if "$" in value:
         raise ValueError(f"{value!r}: routing templates use {{database}}, {{table}}, {{op}} "
                          "without '$' (${VAR} is environment expansion)")
-    for name in re.findall(r"\{([^}]*)\}", value):
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion
+                  in string.Formatter().parse(value) if name is not None]
+    except ValueError as e:  # an unbalanced brace
+        raise ValueError(f"{value!r} is not a routing template: {e}; write fields as "
+                         "{table} and a literal brace as {{ or }}") from None
+    for name, spec, conversion in fields:
         if name not in _TEMPLATE_FIELDS:
             raise ValueError(f"unknown template field {{{name}}}; allowed: "
                              + ", ".join(sorted(_TEMPLATE_FIELDS)))
+        if spec or conversion:
+            raise ValueError(f"{{{name}}} takes no format or conversion in {value!r}; write "
+                             f"{{{name}}}")
     return value
+
+
+def _check_table_pattern(value: str) -> str:
+    if not _TABLE_PATTERN.match(value):
+        raise ValueError(f"{value!r} is not a table pattern; use db.table, db.*, db.prefix% "
+                         "or %.table")
+    return value
+
+
+def _check_dsn(value: SecretStr, check: Callable[[str], None]) -> SecretStr:
+    """A DSN that cannot work is refused at load; the message never shows the password."""
+    check(value.get_secret_value())
+    return value
+
+
+# Validated one by one, so an error names the item: `spec.source.tables[2]`.
+TablePattern = Annotated[str, AfterValidator(_check_table_pattern)]
+
+
+def _check_condition(value: str) -> str:
+    compile_expression(value, boolean=True)
+    return value
+
+
+def _check_computed(value: str) -> str:
+    compile_expression(value, boolean=False)
+    return value
+
+
+# Spark SQL expressions of processors, compiled at load (see _expressions.py); kept as text
+Condition = Annotated[str, AfterValidator(_check_condition)]
+Computed = Annotated[str, AfterValidator(_check_computed)]
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _ClientSettings(dict[str, str]):
+    """Extra client settings passed through as they are; printed with secret values
+    (`sasl.password`, `ssl.key.password`, ...) hidden."""
+
+    def __repr__(self) -> str:
+        return repr(redact_mapping(self))
+
+    __str__ = __repr__
+
+
+def _as_text(value: object) -> object:
+    """librdkafka takes every setting as text: `linger.ms: 5` and `true` are written as such."""
+    if not isinstance(value, dict):
+        return value
+    return {k: ("true" if v else "false") if isinstance(v, bool) else
+            str(v) if isinstance(v, int | float) else v for k, v in value.items()}
+
+
+def _not_owned(owned: dict[str, str]) -> Callable[[dict[str, str]], _ClientSettings]:
+    """Refuse the settings Tailrace sets itself: a value given here would be overridden
+    (or would override a guarantee)."""
+    def check(value: dict[str, str]) -> _ClientSettings:
+        for key in value:
+            if key in owned:
+                raise ValueError(f"{key} is set by Tailrace ({owned[key]}); remove it")
+        return _ClientSettings(value)
+
+    return check
+
+
+_CHECKPOINT_READER = "the checkpoint reader's setting"
+# librdkafka settings (SASL, TLS, ...) for the bus or a Kafka sink
+BusClientSettings = Annotated[dict[str, str], BeforeValidator(_as_text), AfterValidator(
+    _not_owned({"bootstrap.servers": "from bus.brokers"}))]
+SinkClientSettings = Annotated[dict[str, str], BeforeValidator(_as_text), AfterValidator(
+    _not_owned({
+        "bootstrap.servers": "from the sink's brokers",
+        "enable.idempotence": "always on: a retry never duplicates or reorders",
+        "acks": "all, for no loss",
+        "transactional.id": "one per pipeline, sink and bus partition",
+        "message.timeout.ms": "from the sink's write timeout",
+        "transaction.timeout.ms": "from the sink's write timeout",
+        "group.id": _CHECKPOINT_READER, "isolation.level": _CHECKPOINT_READER,
+        "enable.auto.commit": _CHECKPOINT_READER, "auto.offset.reset": _CHECKPOINT_READER,
+        "enable.partition.eof": _CHECKPOINT_READER,
+    }))]
+
+
+class TlsSpec(_Spec):
+    """Paths of PEM files. `ca`: the CA that signed the server's certificate (default: the
+    system's trusted CAs); `cert` and `key`: this client's certificate, for mutual TLS."""
+
+    ca: Annotated[str, Field(min_length=1)] | None = None
+    cert: Annotated[str, Field(min_length=1)] | None = None
+    key: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsSpec:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("cert and key go together (mutual TLS); give both or neither")
+        return self
 
 
 class Metadata(_Spec):
@@ -32,27 +157,22 @@ class Metadata(_Spec):
 
 
 class SnapshotSpec(_Spec):
-    mode: Literal["never", "initial"] = "never"
-    chunk_size: Annotated[int, Field(gt=0)] = 10_000
+    """How a source reads its tables' existing rows (docs/snapshots.md)."""
+
+    # never: stream only (`tailrace snapshot` still works); initial: snapshot every selected
+    # table never snapshotted, then stream; initial_only: the same, then stop (exit 0)
+    mode: Literal["never", "initial", "initial_only"] = "never"
+    chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
 
 
 class _SourceBase(_Spec):
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     dsn: SecretStr
-    tables: Annotated[list[str], Field(min_length=1)]
+    tables: Annotated[list[TablePattern], Field(min_length=1)]
     on_schema_drift: Literal["adapt", "halt"] = "adapt"
     snapshot: SnapshotSpec = SnapshotSpec()
     epoch_ms: Annotated[int, Field(ge=0)] = 200
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
-
-    @field_validator("tables")
-    @classmethod
-    def _patterns(cls, tables: list[str]) -> list[str]:
-        for t in tables:
-            if not _TABLE_PATTERN.match(t):
-                raise ValueError(f"{t!r} is not a table pattern; use db.table, db.*, "
-                                 "db.prefix% or %.table")
-        return tables
 
 
 class PostgresSourceSpec(_SourceBase):
@@ -61,10 +181,21 @@ class PostgresSourceSpec(_SourceBase):
     publication: str | None = None   # default: tailrace_<pipeline>
     create_slot: bool = True
 
+    _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_postgres_dsn)))
+
 
 class MysqlSourceSpec(_SourceBase):
     type: Literal["mysql"]
     server_id: Annotated[int, Field(gt=0, lt=2**32)] | None = None
+
+    @model_validator(mode="after")
+    def _snapshot_supported(self) -> MysqlSourceSpec:
+        if self.snapshot.mode != "never":
+            raise ValueError(f"snapshot.mode {self.snapshot.mode!r} is not available for mysql "
+                             "sources yet (PostgreSQL only); use mode: never")
+        return self
+
+    _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_mysql_dsn)))
 
 
 SourceSpec = Annotated[PostgresSourceSpec | MysqlSourceSpec, Field(discriminator="type")]
@@ -74,12 +205,14 @@ Envelope = Literal["native", "protobuf", "debezium", "cloudevents"]
 
 class _SinkBase(_Spec):
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    # Under commit_policy `all` or `quorum` every sink counts: `required: false` is refused
+    # there (see _checks.py).
     required: bool = True
-    envelope: Envelope = "native"
 
 
 class RedisSinkSpec(_SinkBase):
     type: Literal["redis"]
+    envelope: Envelope = "native"
     url: SecretStr
     stream: str = "tailrace.{database}.{table}"
     maxlen: Annotated[int, Field(gt=0)] | None = None
@@ -89,18 +222,43 @@ class RedisSinkSpec(_SinkBase):
 
 class KafkaSinkSpec(_SinkBase):
     type: Literal["kafka"]
+    envelope: Envelope = "native"
     brokers: str
     topic: str = "cdc.{database}.{table}"
     exactly_once: bool = False
     checkpoint_topic: str | None = None  # default __tailrace_checkpoints (compacted)
-    client_config: dict[str, str] = {}   # extra librdkafka settings (SASL, TLS, ...)
+    client_config: SinkClientSettings = {}  # extra librdkafka settings (SASL, TLS, ...)
+    # envelope: debezium only, with Debezium's defaults: JsonConverter `schemas.enable`
+    # (key and value as {"schema", "payload"}) and `tombstones.on.delete`
+    schemas_enable: bool = True
+    tombstones_on_delete: bool = True
 
     _tpl = field_validator("topic")(classmethod(lambda cls, v: _check_template(v)))
+
+    @field_validator("checkpoint_topic")
+    @classmethod
+    def _exactly_once_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not info.data.get("exactly_once", True):
+            raise ValueError("applies to exactly_once: true only (the checkpoint is written "
+                             "in the Kafka transaction); remove it or set exactly_once: true")
+        return value
+
+    @field_validator("schemas_enable", "tombstones_on_delete")
+    @classmethod
+    def _debezium_only(cls, value: bool, info: ValidationInfo) -> bool:
+        envelope = info.data.get("envelope", "debezium")
+        if envelope != "debezium":
+            raise ValueError(f"applies to envelope: debezium only, and this sink's envelope is "
+                             f"{envelope}; remove the field or set envelope: debezium")
+        return value
 
 
 class NatsSinkSpec(_SinkBase):
     type: Literal["nats"]
-    url: SecretStr
+    envelope: Envelope = "native"
+    url: SecretStr  # nats://, or tls:// for TLS with the system's CAs
+    tls: TlsSpec | None = None      # TLS with this CA and/or a client certificate
+    credentials: str | None = None  # a .creds file (user JWT and NKey seed)
     subject: str = "cdc.{database}.{table}"
     stream: str = "TAILRACE"
     duplicate_window_s: Annotated[float, Field(gt=0)] = 120.0
@@ -113,8 +271,17 @@ class PostgresSinkSpec(_SinkBase):
     dsn: SecretStr
     table: str = "{table}"
     follow_ddl: bool = False  # add columns that appear in the source to the target table
+    envelope: None = None  # only to say why it is refused: rows are written, not envelopes
+
+    _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_postgres_dsn)))
 
     _tpl = field_validator("table")(classmethod(lambda cls, v: _check_template(v)))
+
+    @field_validator("envelope", mode="before")
+    @classmethod
+    def _no_envelope(cls, value: object) -> None:
+        raise ValueError("the postgres sink writes rows into tables, not envelopes; remove "
+                         "envelope")
 
 
 SinkSpec = Annotated[
@@ -126,30 +293,53 @@ class BusSpec(_Spec):
     brokers: str
     topic: str | None = None  # default: tailrace.<pipeline>
     partitions: Annotated[int, Field(ge=1, le=1024)] = 1
+    client_config: BusClientSettings = {}  # extra librdkafka settings (SASL, TLS, ...)
 
 
 class ControlSpec(_Spec):
+    """Where the control service is and how to prove who we are. The service token comes from
+    `token_file` or $TAILRACE_SERVICE_TOKEN, never from the spec itself."""
+
     address: str = "127.0.0.1:50051"
-    token: SecretStr | None = None
+    token_file: Annotated[str, Field(min_length=1)] | None = None
+    tls: TlsSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_clear_text_token(cls, data: object) -> object:
+        if isinstance(data, dict) and "token" in data:
+            raise ValueError("token is not accepted: a token written in the spec is clear "
+                             "text; put it in a file named by token_file, or set "
+                             "TAILRACE_SERVICE_TOKEN")
+        return data
+
+
+MIN_BATCH_MS = 100  # the shortest micro-batch interval delivery runs
 
 
 class BatchSpec(_Spec):
     max_events: Annotated[int, Field(gt=0)] = 2000
-    max_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
-    max_ms: Annotated[int, Field(ge=0)] = 100
+    max_bytes: Annotated[int, BeforeValidator(parse_size), Field(gt=0)] = 4 * 1024 * 1024
+    max_ms: int = MIN_BATCH_MS  # the micro-batch interval
     respect_source_tx: bool = True
-    max_inflight: Annotated[int, Field(ge=1)] = 1
+    max_inflight: int = 1  # only 1 for now: accepted so a spec written for later keeps working
 
-    @field_validator("max_bytes", mode="before")
+    @field_validator("max_ms")
     @classmethod
-    def _size(cls, v: object) -> object:
-        if isinstance(v, str):
-            m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B|B)?\s*", v)
-            if not m:
-                raise ValueError(f"{v!r} is not a size; use bytes or e.g. 512KiB, 4MiB")
-            unit = (m.group(2) or "B").replace("i", "")
-            return int(m.group(1)) * {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}[unit]
-        return v
+    def _interval(cls, value: int) -> int:
+        if value < MIN_BATCH_MS:
+            raise ValueError(f"{value} ms is shorter than the shortest micro-batch interval "
+                             f"delivery runs; use {MIN_BATCH_MS} or more")
+        return value
+
+    @field_validator("max_inflight")
+    @classmethod
+    def _one_in_flight(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"{value} is not supported yet: delivery keeps one batch in flight "
+                             "per pipeline (pipelined batches are planned); set 1 or remove "
+                             "the field")
+        return value
 
 
 class QuorumPolicy(_Spec):
@@ -158,14 +348,14 @@ class QuorumPolicy(_Spec):
 
 class FilterProcessor(_Spec):
     type: Literal["filter"]
-    where: str | None = None
+    where: Condition | None = None
     ops: list[Literal["insert", "update", "delete", "ddl", "truncate", "read"]] | None = None
-    tables: list[str] | None = None
+    tables: list[TablePattern] | None = None
 
 
 class TransformProcessor(_Spec):
     type: Literal["transform"]
-    set: dict[str, str] = {}
+    set: dict[str, Computed] = {}
     drop: list[str] = []
     rename: dict[str, str] = {}
 
@@ -185,7 +375,7 @@ ProcessorSpec = Annotated[
 class JournalSpec(_Spec):
     enabled: bool = False
     max_entries: Annotated[int, Field(gt=0)] = 10_000
-    ttl: str = "7d"
+    ttl: Duration = timedelta(days=7)  # `7d`, `12h`, `30m`, ...
     overflow: Literal["drop_oldest", "reject", "block"] = "drop_oldest"
 
 

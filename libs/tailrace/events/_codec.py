@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from tailrace.events._values import json_of
-from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, EpochMarker, Op, Row
+from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row
 
 
 def _varint(n: int) -> bytes:
@@ -38,13 +38,21 @@ def decode_record(data: bytes) -> BusRecord:
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
-def key_bytes(event: ChangeEvent) -> bytes:
-    """The message key for sinks: the table and primary-key values as compact JSON."""
+def key_values(event: ChangeEvent) -> list[Column]:
+    """The key columns of the row the event is about: the old row's for updates and deletes
+    (a key change is keyed by the old key), the new row's for inserts and snapshot reads.
+    Empty when the table has no key."""
     row = event.after if event.op in (Op.OP_INSERT, Op.OP_SNAPSHOT_READ) else event.before
     if not event.key_columns or not row.columns:
         row = event.after if event.after.columns else event.before
     keys = set(event.key_columns)
-    values = {c.name: json_of(c.value) for c in row.columns if c.name in keys}
+    return [c for c in row.columns if c.name in keys]
+
+
+def key_bytes(event: ChangeEvent) -> bytes:
+    """The message key for sinks: the table and primary-key values as compact JSON (a table
+    without a key: the table alone, so its messages still share one partition)."""
+    values = {c.name: json_of(c.value) for c in key_values(event)}
     table = f"{event.database}.{event.schema + '.' if event.schema else ''}{event.table}"
     return _KEY_JSON.encode({"pk": values, "table": table}).encode()
 
@@ -67,7 +75,7 @@ def row_to_dict(row: Row) -> dict[str, Any] | None:
     return {c.name: json_of(c.value) for c in row.columns}
 
 
-_OP_NAMES = {
+_OP_NAMES: dict[int, str] = {
     Op.OP_INSERT: "insert",
     Op.OP_UPDATE: "update",
     Op.OP_DELETE: "delete",
@@ -115,4 +123,8 @@ def event_to_json_dict(event: ChangeEvent) -> dict[str, Any]:
         "ts_source_us": event.ts_source_micros,
         "ts_captured_us": event.ts_captured_micros,
         "idempotency_key": event.idempotency_key,
+        # snapshot reads: which read of the table and chunk; `last` on the table's last one
+        "snapshot": ({"request_id": event.snapshot.request_id, "chunk": event.snapshot.chunk,
+                      "last": event.snapshot.last}
+                     if event.op == Op.OP_SNAPSHOT_READ else None),
     }

@@ -9,6 +9,18 @@ def position_key(position: Position) -> tuple[int, int]:
     return (position.tx_seq, position.event_index)
 
 
-def position_le(a: Position, b: Position) -> bool:
-    """True when `a` is at or before `b`."""
-    return position_key(a) <= position_key(b)
+def lsn_text(lsn: int) -> str:
+    """A 64-bit PostgreSQL LSN in the server's own `X/Y` notation (e.g. `0/198E748`)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def native_position(position: Position) -> str:
+    """The position in the source's own notation: a PostgreSQL commit LSN (`0/198E748`),
+    a MySQL/MariaDB GTID set (or `file:offset` without GTIDs); "" when it has none."""
+    kind = position.WhichOneof("native")
+    if kind == "postgres":
+        return lsn_text(position.postgres.commit_lsn)
+    if kind == "mysql":
+        m = position.mysql
+        return m.gtid_set or m.gtid or (f"{m.file}:{m.offset}" if m.file else "")
+    return ""

@@ -100,7 +100,7 @@ def plan_push(count: int, max_entries: int, n: int, overflow: str) -> PushPlan:
 class Storage(ABC):
     """All four primitives; `clock` (seconds, like time.time) decides leases and expiry."""
 
-    clock: Callable[[], float] = staticmethod(time.time)  # type: ignore[assignment]
+    clock: Callable[[], float] = staticmethod(time.time)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

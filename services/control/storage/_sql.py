@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 from tailrace_services.control.storage._base import (
     CasConflict,
@@ -25,7 +25,19 @@ from tailrace_services.control.storage._base import (
     plan_push,
 )
 
-Run = Callable[..., Any]  # run(sql, params=()) -> cursor
+
+class Cursor(Protocol):
+    """What `run` answers: a sqlite3 or psycopg cursor (rows as tuples)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+Run = Callable[..., Cursor]  # run(sql, params=()) -> cursor
 
 
 def schema_sql(blob: str, integer: str, text: str) -> list[str]:

@@ -1,21 +1,23 @@
 """Sinks behind one interface; `build_sink` maps a sink spec to its implementation.
 
-| spec type  | sink                     | tier                                              |
-|------------|--------------------------|---------------------------------------------------|
-| `kafka`    | `kafka.KafkaSink`        | at-least-once; exactly-once with `exactly_once`   |
-| `nats`     | `nats.NatsSink`          | exactly-once within the stream's duplicate window |
-| `redis`    | `redis.RedisSink`        | exactly-once (checkpoint in the same MULTI/EXEC)  |
-| `postgres` | `postgres.PostgresSink`  | exactly-once (checkpoint row in the same tx)      |
+| spec type               | sink                           | tier                                |
+|-------------------------|--------------------------------|-------------------------------------|
+| `kafka`                 | `kafka.KafkaSink`              | at-least-once (idempotent producer) |
+| `kafka`, `exactly_once` | `kafka.TransactionalKafkaSink` | exactly-once (checkpoint in the tx) |
+| `nats`                  | `nats.NatsSink`                | exactly-once within the dup. window |
+| `redis`                 | `redis.RedisSink`              | exactly-once (checkpoint in EXEC)   |
+| `postgres`              | `postgres.PostgresSink`        | exactly-once (checkpoint row in tx) |
 
+The exactly-once ones share `exactly_once.ExactlyOnceSink`: read the stored checkpoint,
+skip what it covers, write the rest with the new checkpoint, atomically.
 Client libraries are imported only when their sink is built.
 """
 
 from __future__ import annotations
 
-from tailrace.config._model import KafkaSinkSpec, NatsSinkSpec, PostgresSinkSpec, RedisSinkSpec
+from tailrace.config import KafkaSinkSpec, NatsSinkSpec, PostgresSinkSpec, RedisSinkSpec
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
-    ErrorClass,
     PerEventError,
     RetryPolicy,
     Sink,
@@ -29,9 +31,10 @@ def build_sink(spec: object, *, pipeline: str | None = None) -> Sink:
 
         return RedisSink(spec, pipeline=pipeline)
     if isinstance(spec, KafkaSinkSpec):
-        from tailrace_services.delivery.sinks.kafka import KafkaSink
+        from tailrace_services.delivery.sinks.kafka import KafkaSink, TransactionalKafkaSink
 
-        return KafkaSink(spec, pipeline=pipeline)
+        kind = TransactionalKafkaSink if spec.exactly_once else KafkaSink
+        return kind(spec, pipeline=pipeline)
     if isinstance(spec, NatsSinkSpec):
         from tailrace_services.delivery.sinks.nats import NatsSink
 
@@ -40,8 +43,8 @@ def build_sink(spec: object, *, pipeline: str | None = None) -> Sink:
         from tailrace_services.delivery.sinks.postgres import PostgresSink
 
         return PostgresSink(spec, pipeline=pipeline)
-    kind = getattr(spec, "type", type(spec).__name__)
-    raise ValueError(f"unknown sink type {kind!r}; use kafka, nats, redis or postgres")
+    name = getattr(spec, "type", type(spec).__name__)
+    raise ValueError(f"unknown sink type {name!r}; use kafka, nats, redis or postgres")
 
 
-__all__ = ["BatchCommit", "ErrorClass", "PerEventError", "RetryPolicy", "Sink", "build_sink"]
+__all__ = ["BatchCommit", "PerEventError", "RetryPolicy", "Sink", "build_sink"]

@@ -27,9 +27,18 @@ def advances(commit: BatchCommit, stored: Position | None) -> bool:
     return stored is None or position_key(commit.position) > position_key(stored)
 
 
-def checkpoint_name(pipeline: str, sink_id: str, partition: int, sep: str = ":") -> str:
-    """`{pipeline}{sep}{sink}{sep}{partition}`: one checkpoint per bus partition."""
-    return f"{pipeline}{sep}{sink_id}{sep}{partition}"
+def stored_sink_id(sink_id: str, rewind: int = 0) -> str:
+    """The sink's name for the checkpoint it stores beside the data: its id, and after an
+    operator's rewind or reset `{id}#rewind{n}`, so what it stored before the rewind is not
+    taken for progress (the sink receives again what it already had)."""
+    return sink_id if not rewind else f"{sink_id}#rewind{rewind}"
+
+
+def checkpoint_name(pipeline: str, sink_id: str, partition: int, sep: str = ":",
+                    rewind: int = 0) -> str:
+    """`{pipeline}{sep}{sink}{sep}{partition}`: one checkpoint per bus partition (and per
+    rewind generation, see `stored_sink_id`)."""
+    return f"{pipeline}{sep}{stored_sink_id(sink_id, rewind)}{sep}{partition}"
 
 
 def describe(position: Position | None) -> str | None:

@@ -1,11 +1,12 @@
 """One transactional producer per (pipeline, sink, partition), and its checkpoint record.
 
-A write, as one Kafka transaction:
-1. skip the events at or before the stored checkpoint (a replayed batch);
-2. `begin_transaction`, produce the events in order, then the checkpoint record
+A write (after `exactly_once.ExactlyOnceSink` skipped what the stored checkpoint covers),
+as one Kafka transaction:
+1. `begin_transaction`, produce the events' messages in order (an event may have more
+   than one: a Debezium delete and its tombstone), then the checkpoint record
    (key `{pipeline}/{sink}/{partition}`, value the serialized `Position`) to the
    compacted checkpoint topic;
-3. `commit_transaction`: the events and the checkpoint become visible to
+2. `commit_transaction`: the events and the checkpoint become visible to
    `read_committed` readers together, or not at all.
 At start, `init_transactions` fences every older producer with the same
 `transactional.id` and settles its open transaction; then the checkpoint topic is
@@ -20,11 +21,11 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import (  # type: ignore[attr-defined]
+from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
@@ -33,8 +34,9 @@ from confluent_kafka import (  # type: ignore[attr-defined]
     TopicPartition,
 )
 
-from tailrace.events import ChangeEvent, Position
-from tailrace_services.delivery.sinks._common import advances, fresh_indexes, parse_position
+from tailrace.events import Position
+from tailrace_services.delivery.sinks._common import parse_position
+from tailrace_services.delivery.sinks._kafka_errors import new_client
 from tailrace_services.delivery.sinks.base import BatchCommit
 
 
@@ -42,12 +44,13 @@ from tailrace_services.delivery.sinks.base import BatchCommit
 class Message:
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone
     headers: list[tuple[str, bytes]]
 
     @property
     def size(self) -> int:
-        return len(self.key) + len(self.value) + sum(len(k) + len(v) for k, v in self.headers)
+        return len(self.key) + len(self.value or b"") + sum(len(k) + len(v)
+                                                            for k, v in self.headers)
 
 
 DeliveryErrors = dict[int, KafkaError]
@@ -55,7 +58,8 @@ DeliveryErrors = dict[int, KafkaError]
 
 def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], errors: DeliveryErrors,
                 deadline: float) -> None:
-    """Produce in order; a full local queue is drained (served) until `deadline`."""
+    """Produce in order; a full local queue is drained (served) until `deadline`. Each
+    message comes with the index of its event, which failures are reported under."""
     for index, msg in messages:
         def report(err: KafkaError | None, _: Any, index: int = index) -> None:
             if err is not None:
@@ -63,7 +67,8 @@ def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], err
 
         while True:
             try:
-                producer.produce(msg.topic, msg.value, msg.key, headers=msg.headers,
+                # a copy: produce() takes a list of (str, str | bytes | None)
+                producer.produce(msg.topic, msg.value, msg.key, headers=list(msg.headers),
                                  on_delivery=report)
                 break
             except BufferError:
@@ -86,27 +91,20 @@ class TransactionalWriter:
         self.checkpoint_topic = checkpoint_topic
         self.checkpoint_key = checkpoint_key.encode()
         self.timeout_s = timeout_s
-        self._producer: Producer | None = Producer({**producer,
-                                                     "transactional.id": transactional_id})
+        self._producer: Producer | None = new_client(Producer, {
+            **producer, "transactional.id": transactional_id})
         self._producer.init_transactions(timeout_s)
         self.stored: Position | None = read_checkpoint(
             client, checkpoint_topic, self.checkpoint_key, timeout_s)
 
-    def write(self, events: Sequence[ChangeEvent],
-              build: Callable[[Sequence[ChangeEvent], list[int]], dict[int, Message]],
-              commit: BatchCommit | None, errors: DeliveryErrors,
-              on_skip: Callable[[int], None]) -> None:
-        """`build(events, indexes)` routes and encodes the events still to be written."""
-        fresh = fresh_indexes(events, self.stored)
-        if len(fresh) < len(events):
-            on_skip(len(events) - len(fresh))
-        if not fresh and (commit is None or not advances(commit, self.stored)):
-            return
-        messages = build(events, fresh)
+    def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
+              errors: DeliveryErrors) -> None:
+        """One transaction: `messages` (each with the index of its event, which delivery
+        errors are reported under in `errors`) and, with a `commit`, the checkpoint record."""
         producer = self._live()
         deadline = time.monotonic() + self.timeout_s
         producer.begin_transaction()
-        produce_all(producer, [(i, messages[i]) for i in fresh], errors, deadline)
+        produce_all(producer, messages, errors, deadline)
         if commit is not None:
             producer.produce(self.checkpoint_topic, commit.position.SerializeToString(),
                              self.checkpoint_key)
@@ -146,7 +144,7 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
     common = {**client, "group.id": f"tailrace-checkpoint-reader-{uuid.uuid4().hex[:8]}",
               "enable.auto.commit": False, "auto.offset.reset": "earliest"}
     deadline = time.monotonic() + timeout_s
-    probe = Consumer({**common, "isolation.level": "read_uncommitted"})
+    probe = new_client(Consumer, {**common, "isolation.level": "read_uncommitted"})
     try:
         meta = probe.list_topics(topic, timeout=timeout_s)
         described = meta.topics.get(topic)
@@ -165,8 +163,8 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         probe.close()
     if not targets:
         return None
-    reader = Consumer({**common, "isolation.level": "read_committed",
-                       "enable.partition.eof": True})
+    reader = new_client(Consumer, {**common, "isolation.level": "read_committed",
+                                   "enable.partition.eof": True})
     value: bytes | None = None
     try:
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in targets])

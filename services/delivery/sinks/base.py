@@ -1,34 +1,46 @@
-"""The sink contract: write a batch in order and acknowledge, or raise a classified error.
+"""The sink contract: write a batch in order and acknowledge, or raise a Tailrace error.
 
 A sink's whole job:
 - `open()`: connect and check the destination (create the stream, the table, ...);
 - `write(events, commit)`: deliver `events` in the given order and return only once
   the destination acknowledged them. `commit` says which checkpoint the batch ends
   at; a sink that can store it atomically with the data (Kafka transaction, Redis
-  MULTI/EXEC, PostgreSQL transaction) does so, which makes it exactly-once;
+  MULTI/EXEC, PostgreSQL transaction) does so, which makes it exactly-once
+  (`exactly_once.ExactlyOnceSink`);
 - `stored_position()`: for such sinks, the checkpoint kept beside the data, read
   back at start so a crash between the sink's commit and the control-service
-  checkpoint cannot duplicate;
-- `classify(error)`: retryable / non-retryable / fatal.
+  checkpoint cannot duplicate. It is named by the control checkpoint's rewind
+  generation (`BatchCommit.rewind`, `_common.checkpoint_name`): after an operator's
+  rewind or reset the sink starts a new one, so it receives again what it had.
 A sink never commits control-service checkpoints; the runtime does, after it returned.
+
+Errors: one vocabulary, `tailrace.errors`. A sink turns its client's exceptions into
+`RetryableError` (back off and retry), `NonRetryableError` (this batch cannot go until
+someone fixes the cause: auth, a missing privilege; `PerEventError` when only some
+events cannot), `FatalError` (stop the pipeline: a fenced producer) or `ConfigError`
+(the spec asks for something the client refuses: stop the pipeline, exit 2), with a
+message naming the sink and the fix. Each sink keeps its client's table in one
+function (`classify_kafka`, ...) that answers with the class.
 """
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tailrace.errors import FatalError, NonRetryableError, RetryableError
+from tailrace.errors import (
+    ConfigError,
+    FatalError,
+    NonRetryableError,
+    RetryableError,
+    TailraceError,
+)
 from tailrace.proto.event_pb2 import ChangeEvent, Position
 
-
-class ErrorClass(enum.Enum):
-    RETRYABLE = "retryable"
-    NON_RETRYABLE = "non_retryable"
-    FATAL = "fatal"
-
+# The four classes a sink's error is one of, the most severe first.
+CLASSES: tuple[type[TailraceError], ...] = (ConfigError, FatalError, NonRetryableError,
+                                            RetryableError)
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -52,6 +64,9 @@ class BatchCommit:
     # written on its own, so exactly-once sinks keep one checkpoint (and Kafka one
     # transactional.id) per partition; non-sharded pipelines always use 0.
     partition: int = 0
+    # The control checkpoint's rewind generation: a sink that stores its checkpoint beside
+    # the data keeps one per generation, so a rewound sink does not skip what it had.
+    rewind: int = 0
 
 
 class PerEventError(NonRetryableError):
@@ -65,21 +80,28 @@ class PerEventError(NonRetryableError):
         self.failures = failures
 
 
-def classify_default(error: BaseException) -> ErrorClass:
-    """Tailrace errors by their class; OS-level connection trouble is retryable; else not."""
-    if isinstance(error, FatalError):
-        return ErrorClass.FATAL
-    if isinstance(error, NonRetryableError):
-        return ErrorClass.NON_RETRYABLE
-    if isinstance(error, RetryableError | ConnectionError | TimeoutError):
-        return ErrorClass.RETRYABLE
-    return ErrorClass.NON_RETRYABLE
+def error_class(error: BaseException) -> type[TailraceError]:
+    """Which of the four classes `error` is: a Tailrace error its own; OS-level connection
+    trouble retryable; anything else (a bug, an unexpected client error) non-retryable."""
+    for cls in CLASSES:
+        if isinstance(error, cls):
+            return cls
+    if isinstance(error, ConnectionError | TimeoutError):
+        return RetryableError
+    return NonRetryableError
+
+
+def class_name(cls: type[TailraceError]) -> str:
+    """How outcomes, logs and health name a class: retryable, non_retryable, fatal, config."""
+    return {RetryableError: "retryable", NonRetryableError: "non_retryable",
+            FatalError: "fatal", ConfigError: "config"}[cls]
 
 
 class Sink(ABC):
     id: str
     required: bool
     retry: RetryPolicy = RetryPolicy()
+    _opened: bool = False  # set by delivery's fan-out once `open` ran in this worker
 
     def open(self) -> None:  # noqa: B027 - optional set-up
         """Connect and check the destination (once per worker, before the first write)."""
@@ -88,13 +110,10 @@ class Sink(ABC):
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         """Deliver `events` in the given order; return only once the destination acknowledged."""
 
-    def stored_position(self, partition: int = 0) -> Position | None:
-        """The checkpoint stored with the data, for exactly-once sinks; None otherwise."""
+    def stored_position(self, partition: int = 0, rewind: int = 0) -> Position | None:
+        """The checkpoint stored with the data for rewind generation `rewind`, for
+        exactly-once sinks; None otherwise."""
         return None
-
-    def classify(self, error: BaseException) -> ErrorClass:
-        """Default mapping from the error hierarchy; sinks refine it for their client's errors."""
-        return classify_default(error)
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

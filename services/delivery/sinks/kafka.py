@@ -1,38 +1,59 @@
 """Kafka sink (confluent-kafka): at-least-once by default, exactly-once with transactions.
 
-Default: an idempotent producer (`acks=all`), so retries inside the client never
+`KafkaSink`: an idempotent producer (`acks=all`), so retries inside the client never
 duplicate or reorder; a batch the runtime re-sends after a failure may be
-delivered twice (at-least-once). `exactly_once: true`: each write is one Kafka
-transaction holding the batch and the sink's checkpoint (see `_kafka_tx`), so a
-`read_committed` consumer sees every event once, every batch (and thus every source
-transaction) atomically. `transactional.id` is `tailrace.{pipeline}.{sink}.{partition}`:
-a second delivery process for the same pipeline fences the first, which stops
-with `ProducerFencedError` (fatal).
+delivered twice (at-least-once). `TransactionalKafkaSink` (`exactly_once: true`, an
+`exactly_once.ExactlyOnceSink`): each write is one Kafka transaction holding the batch
+and the sink's checkpoint (see `_kafka_tx`), so a `read_committed` consumer sees every
+event once, every batch (and thus every source transaction) atomically.
+`transactional.id` is `tailrace.{pipeline}.{sink}.{partition}`: a second delivery
+process for the same pipeline fences the first, which stops with `ProducerFencedError`
+(fatal). `build_sink` picks the one the spec asks for.
 
-Every message: key = the row's primary key (`key_bytes`), value = the envelope,
-headers `tailrace-event-id`, `tailrace-idempotency-key`, `tailrace-schema-version`,
-`tailrace-tx-id`, `content-type`.
+Every message: key = the row's primary key (`key_bytes`; Debezium's key document with
+`envelope: debezium`), value = the envelope, headers `tailrace-event-id`,
+`tailrace-idempotency-key`, `tailrace-schema-version`, `tailrace-tx-id`, `content-type`.
+A table without a key (no primary key under REPLICA IDENTITY FULL or NOTHING) is keyed
+by its name alone: its messages stay in order in one partition, and a warning says so
+once per table.
+
+With `envelope: debezium` an event may be several messages (`Encoder.records`): a delete
+and its tombstone (`tombstones_on_delete`), or the delete, tombstone and create of a key
+change. They are written with their event: in the same transaction, skipped together on
+a replay. Each has the event's headers; one that is not the event itself has the
+idempotency key `{key}|{part}` (`|tombstone`, `|delete`), so a consumer that deduplicates
+by it keeps them, and a tombstone has no `content-type` (it has no content).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer  # type: ignore[attr-defined]
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from tailrace.config._model import KafkaSinkSpec
-from tailrace.envelopes import Encoder
-from tailrace.errors import FatalError, NonRetryableError, RetryableError
-from tailrace.events import ChangeEvent, Position, key_bytes
-from tailrace.logs import get_logger, redact
+from tailrace.config import KafkaSinkSpec
+from tailrace.envelopes import Encoder, Record
+from tailrace.errors import ConfigError, FatalError, NonRetryableError, RetryableError, TailraceError
+from tailrace.events import ChangeEvent, Op, Position
+from tailrace.logs import get_logger, kafka_logger, redact
 from tailrace_services.delivery.sinks._common import (
     checkpoint_name,
     describe,
     destination,
     headers,
+)
+from tailrace_services.delivery.sinks._kafka_errors import (
+    AUTH,
+    FENCED,
+    TOO_LARGE,
+    ProducerFencedError,
+    classify_kafka,
+    kafka_error_of,
+    new_client,
 )
 from tailrace_services.delivery.sinks._kafka_tx import (
     DeliveryErrors,
@@ -42,125 +63,92 @@ from tailrace_services.delivery.sinks._kafka_tx import (
 )
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
-    ErrorClass,
     PerEventError,
     RetryPolicy,
     Sink,
-    classify_default,
 )
+from tailrace_services.delivery.sinks.exactly_once import AtomicWrite, ExactlyOnceSink
+
+__all__ = ["CHECKPOINT_TOPIC", "KafkaSink", "ProducerFencedError", "TransactionalKafkaSink",
+           "classify_kafka", "record_headers"]
 
 log = get_logger(__name__)
 
 CHECKPOINT_TOPIC = "__tailrace_checkpoints"
+_ROW_OPS = (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_SNAPSHOT_READ)
 MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's message.max.bytes default
 
-_K = KafkaError
-_FATAL = {_K._FENCED, _K.PRODUCER_FENCED, _K.INVALID_PRODUCER_EPOCH, _K._FATAL,
-          _K.INVALID_TXN_STATE, _K._INCONSISTENT}
-_TOO_LARGE = {_K.MSG_SIZE_TOO_LARGE, _K.RECORD_LIST_TOO_LARGE}
-_NON_RETRYABLE = {
-    *_TOO_LARGE, _K.TOPIC_AUTHORIZATION_FAILED, _K.CLUSTER_AUTHORIZATION_FAILED,
-    _K.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _K.SASL_AUTHENTICATION_FAILED, _K._AUTHENTICATION,
-    _K.INVALID_RECORD, _K._INVALID_ARG, _K.TOPIC_EXCEPTION, _K._UNSUPPORTED_FEATURE,
-    _K.UNSUPPORTED_VERSION, _K._SSL, _K.INVALID_CONFIG, _K.POLICY_VIOLATION,
-    _K.INVALID_TRANSACTION_TIMEOUT,
-}
-_RETRYABLE = {
-    _K._QUEUE_FULL, _K._MSG_TIMED_OUT, _K._TIMED_OUT, _K._TIMED_OUT_QUEUE, _K._TRANSPORT,
-    _K._ALL_BROKERS_DOWN, _K._RESOLVE, _K.REQUEST_TIMED_OUT, _K.NOT_ENOUGH_REPLICAS,
-    _K.NOT_ENOUGH_REPLICAS_AFTER_APPEND, _K.LEADER_NOT_AVAILABLE, _K.NOT_LEADER_FOR_PARTITION,
-    _K.NETWORK_EXCEPTION, _K.COORDINATOR_NOT_AVAILABLE, _K.NOT_COORDINATOR,
-    _K.COORDINATOR_LOAD_IN_PROGRESS, _K.CONCURRENT_TRANSACTIONS, _K.UNKNOWN_TOPIC_OR_PART,
-    _K._UNKNOWN_PARTITION, _K._PURGE_QUEUE, _K._PURGE_INFLIGHT, _K.KAFKA_STORAGE_ERROR,
-    _K.TRANSACTION_ABORTABLE, _K.UNKNOWN_PRODUCER_ID, _K._STATE,
-}
 
-
-class ProducerFencedError(FatalError):
-    """Another producer with our transactional.id took over: this delivery process must stop."""
-
-
-def kafka_error_of(error: BaseException) -> KafkaError | None:
-    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
-        return error.args[0]
-    if isinstance(error, KafkaError):
-        return error
-    return None
-
-
-def classify_kafka(error: BaseException) -> ErrorClass:
-    """By code first (the table above), then by what librdkafka says about the error."""
-    if isinstance(error, BufferError):
-        return ErrorClass.RETRYABLE  # local queue full
-    err = kafka_error_of(error)
-    if err is None:
-        return classify_default(error)
-    code = err.code()
-    if code in _FATAL or err.fatal():
-        return ErrorClass.FATAL
-    if code in _NON_RETRYABLE:
-        return ErrorClass.NON_RETRYABLE
-    if code in _RETRYABLE or err.retriable() or err.txn_requires_abort():
-        return ErrorClass.RETRYABLE
-    return ErrorClass.NON_RETRYABLE
+def record_headers(event: ChangeEvent, record: Record, content_type: str
+                   ) -> list[tuple[str, bytes]]:
+    """The event's headers, told apart for a message that is not the event itself (see the
+    module's docstring), plus the record's own (Debezium's key-change headers)."""
+    fields = headers(event, content_type)
+    if record.part:
+        fields["tailrace-idempotency-key"] += f"|{record.part}"
+    if record.value is None:
+        del fields["content-type"]
+    return [(k, v.encode()) for k, v in fields.items()] + list(record.headers)
 
 
 class KafkaSink(Sink):
+    """At-least-once: an idempotent producer, no checkpoint beside the data."""
+
     retry = RetryPolicy(base_s=0.1, max_s=10.0, attempts=3)
 
     def __init__(self, spec: KafkaSinkSpec, *, pipeline: str | None = None,
                  timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None) -> None:
+        if spec.exactly_once and not isinstance(self, TransactionalKafkaSink):
+            raise ValueError(f"kafka sink {spec.id} has exactly_once: true; build it as a "
+                             "TransactionalKafkaSink (build_sink does)")
         self.id = spec.id
         self.required = spec.required
+        self.pipeline = pipeline
         self._spec = spec
-        self._pipeline = pipeline
         self._timeout_s = timeout_s
-        self.exactly_once = spec.exactly_once
-        self.checkpoint_topic: str = getattr(spec, "checkpoint_topic", None) or CHECKPOINT_TOPIC
-        self._client: dict[str, Any] = {
+        self._client: dict[str, Any] = {  # every client's: producers, admin, checkpoint reader
             "bootstrap.servers": spec.brokers,
             "socket.connection.setup.timeout.ms": 5000,
             "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 2000,
-            **(getattr(spec, "client_config", None) or {}), **(client_config or {}),
+            "logger": kafka_logger(),  # librdkafka's lines through our logging
+            **spec.client_config, **(client_config or {}),
         }
-        self._max_bytes = int(self._client.get("message.max.bytes", MAX_MESSAGE_BYTES))
-        self._producer_conf = {
-            **self._client, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+        try:
+            self._max_bytes = int(self._client.get("message.max.bytes", MAX_MESSAGE_BYTES))
+        except ValueError:
+            raise ConfigError(f"kafka sink {self.id}: client_config: message.max.bytes is "
+                              f"{self._client['message.max.bytes']!r}; use a number of "
+                              "bytes") from None
+        self._producer_conf = {  # the spec's client_config may tune linger.ms, not the rest
+            "linger.ms": 5, **self._client, "enable.idempotence": True, "acks": "all",
             "message.timeout.ms": int(timeout_s * 1000),
             "transaction.timeout.ms": max(60_000, int(timeout_s * 2000)),
         }
-        self._producer: Producer | None = None             # at-least-once
-        self._writers: dict[str, TransactionalWriter] = {}  # exactly-once, per transactional.id
+        self._producer: Producer | None = None
         self._checked = False
+        self._keyless: set[tuple[str, str, str]] = set()  # tables already warned about
+        self._debezium = {"schemas": spec.schemas_enable, "tombstones": spec.tombstones_on_delete
+                          } if spec.envelope == "debezium" else {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def open(self) -> None:
-        """Reach the brokers; for exactly-once, create the compacted checkpoint topic if missing."""
+        """Reach the brokers (and prepare what the sink needs there)."""
         if self._checked:
             return
         try:
-            admin = AdminClient(self._client)
+            admin = new_client(AdminClient, self._client)
             meta = admin.list_topics(timeout=min(self._timeout_s, 10.0))
-            if self.exactly_once and self.checkpoint_topic not in meta.topics:
-                topic = NewTopic(self.checkpoint_topic, num_partitions=1, replication_factor=-1,
-                                 config={"cleanup.policy": "compact"})
-                future = admin.create_topics([topic], operation_timeout=10)[self.checkpoint_topic]
-                try:
-                    future.result(timeout=15)
-                except KafkaException as e:
-                    if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise
-                log.info("checkpoint topic created", sink=self.id, topic=self.checkpoint_topic)
+            self._prepare(admin, meta)
         except Exception as e:
             raise self._error("cannot reach the brokers or create the checkpoint topic",
                               e) from None
         self._checked = True
 
+    def _prepare(self, admin: AdminClient, meta: Any) -> None:
+        """Once the brokers answered `meta` (their topics): nothing more at-least-once."""
+
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
         if self._producer is not None:
             self._producer.flush(min(self._timeout_s, 5.0))
             self._producer = None
@@ -168,40 +156,19 @@ class KafkaSink(Sink):
     # -- writing -----------------------------------------------------------------------
 
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
-        if not self.exactly_once:
-            messages = self._messages(events, range(len(events)))
-            self.open()
-            self._write_at_least_once(list(messages.values()), {})
-            return
+        messages = self.messages(events, range(len(events)))
         self.open()
-        errors: DeliveryErrors = {}
-        if commit is not None:
-            self._pipeline = commit.pipeline
-        writer_id = self._transactional_id(commit.partition if commit else 0)
-        failure: Exception | None = None
-        try:
-            writer = self._writer(commit.partition if commit else 0)
-            writer.write(events, self._messages, commit, errors, on_skip=lambda n: log.info(
-                "replayed events skipped", sink=self.id, skipped=n))
-        except PerEventError:
-            raise  # nothing was sent: the writer is still good
-        except Exception as e:
-            dropped = self._writers.pop(writer_id, None)
-            if dropped is not None:
-                dropped.close()  # the next write starts from the committed checkpoint
-            failure = self._write_error(e, errors, writer_id)
-        if failure is not None:
-            # Raised here, not in the except block: no __context__ whose traceback would keep
-            # the dropped producer (and its broker connections) alive.
-            raise failure
+        self._write_at_least_once([(i, m) for i, ms in messages.items() for m in ms], {})
 
-    def _write_at_least_once(self, messages: Sequence[Message], errors: DeliveryErrors) -> None:
+    def _write_at_least_once(self, messages: Sequence[tuple[int, Message]],
+                             errors: DeliveryErrors) -> None:
+        """`messages`: each with the index of its event."""
         if self._producer is None:
-            self._producer = Producer(self._producer_conf)
+            self._producer = new_client(Producer, self._producer_conf)
         producer = self._producer
         deadline = time.monotonic() + self._timeout_s
         try:
-            produce_all(producer, list(enumerate(messages)), errors, deadline)
+            produce_all(producer, messages, errors, deadline)
             left = producer.flush(max(deadline - time.monotonic(), 0.1))
             if left:
                 producer.purge(in_queue=True, in_flight=False)
@@ -223,13 +190,173 @@ class KafkaSink(Sink):
                 failure = self._write_error(e, errors)
         else:
             return
-        raise failure  # outside the except block: see write()
+        raise failure  # outside the except block: no traceback keeps the producer alive
 
-    def _writer(self, partition: int) -> TransactionalWriter:
+    def messages(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
+                 ) -> dict[int, list[Message]]:
+        """Route and encode `events[i]` for each index, into its messages; the ones that
+        cannot be, or are too large, fail alone (a PerEventError naming them, before
+        anything is sent)."""
+        encoder = Encoder(self._spec.envelope, **self._debezium)
+        messages: dict[int, list[Message]] = {}
+        failures: list[tuple[int, str]] = []
+        for i in indexes:
+            event = events[i]
+            if not event.key_columns and event.op in _ROW_OPS:
+                self._warn_keyless(event)
+            try:
+                topic = destination(self._spec.topic, event)
+                msgs = [Message(topic, r.key, r.value, record_headers(event, r, encoder.content_type))
+                        for r in encoder.records(event)]
+            except (KeyError, ValueError, TypeError) as e:
+                failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
+                continue
+            size = max(m.size for m in msgs)
+            if size > self._max_bytes:
+                failures.append((i, f"message too large: {size} bytes > message.max.bytes "
+                                    f"{self._max_bytes}"))
+            messages[i] = msgs
+        if failures:
+            raise PerEventError(f"kafka sink {self.id}: {len(failures)} event(s) cannot be "
+                                f"written; first: {failures[0][1]}", failures)
+        return messages
+
+    def _warn_keyless(self, event: ChangeEvent) -> None:
+        table = (event.database, event.schema, event.table)
+        if table in self._keyless:
+            return
+        self._keyless.add(table)
+        name = ".".join(p for p in table if p)
+        log.warning("table has no key columns: its messages are keyed by the table name alone, "
+                    "so they all go to one partition (in order) and a compacted topic keeps only "
+                    "the last of them; add a primary key to the source table, or set its "
+                    "replica identity USING INDEX on a unique index",
+                    sink=self.id, table=name)
+
+    # -- errors ------------------------------------------------------------------------
+
+    def _write_error(self, error: BaseException, errors: DeliveryErrors,
+                     transactional_id: str = "") -> Exception:
+        too_large = [(i, f"message too large: {e.str()}") for i, e in sorted(errors.items())
+                     if e.code() in TOO_LARGE]
+        if too_large:
+            return PerEventError(f"kafka sink {self.id}: {len(too_large)} message(s) refused as "
+                                 f"too large by the broker; first: {too_large[0][1]}", too_large)
+        return self._error("write failed", error, transactional_id)
+
+    def _error(self, what: str, error: BaseException, transactional_id: str = "") -> Exception:
+        if isinstance(error, ConfigError) and not str(error).startswith("kafka sink "):
+            return ConfigError(f"kafka sink {self.id}: {error}")
+        if isinstance(error, TailraceError):
+            return error
+        err = kafka_error_of(error)
+        text = redact(err.str() if err is not None else f"{type(error).__name__}: {error}")
+        cls = classify_kafka(error)
+        if cls is FatalError:
+            tid = transactional_id or "-"
+            if err is not None and err.code() in FENCED:
+                return ProducerFencedError(
+                    f"kafka sink {self.id}: producer fenced: another delivery process took over "
+                    f"transactional.id {tid} ({text}); stop this one: only one delivery process "
+                    f"may run pipeline {self.pipeline}")
+            return FatalError(f"kafka sink {self.id}: fatal producer error on {tid}: {text}")
+        if cls is RetryableError:
+            return RetryableError(f"kafka sink {self.id}: {what}: {text}")
+        if err is not None and err.code() in AUTH:
+            return NonRetryableError(f"kafka sink {self.id}: not allowed: {text}; check the "
+                                     "credentials and ACLs of the sink's Kafka user")
+        return NonRetryableError(f"kafka sink {self.id}: {what}: {text}")
+
+
+class _Transaction(AtomicWrite):
+    """One Kafka transaction of a writer: the events' messages and the checkpoint record."""
+
+    def __init__(self, sink: TransactionalKafkaSink, writer: TransactionalWriter,
+                 errors: DeliveryErrors) -> None:
+        self._sink, self._writer, self._errors = sink, writer, errors
+        self.stored = writer.stored
+
+    def write(self, events: Sequence[ChangeEvent], indexes: list[int],
+              commit: BatchCommit) -> None:
+        messages = self._sink.messages(events, indexes)
+        self._writer.write([(i, m) for i in indexes for m in messages[i]], commit, self._errors)
+
+
+class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
+    """`exactly_once: true`: one Kafka transaction per write, with the sink's checkpoint."""
+
+    def __init__(self, spec: KafkaSinkSpec, *, pipeline: str | None = None,
+                 timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(spec, pipeline=pipeline, timeout_s=timeout_s,
+                         client_config=client_config)
+        self.pipeline = pipeline
+        self.checkpoint_topic = spec.checkpoint_topic or CHECKPOINT_TOPIC
+        self._writers: dict[str, TransactionalWriter] = {}  # per transactional.id
+        self._errors: DeliveryErrors = {}  # the delivery errors of the write under way
+
+    def _prepare(self, admin: AdminClient, meta: Any) -> None:
+        """Create the compacted checkpoint topic if missing."""
+        if self.checkpoint_topic in meta.topics:
+            return
+        topic = NewTopic(self.checkpoint_topic, num_partitions=1, replication_factor=-1,
+                         config={"cleanup.policy": "compact"})
+        future = admin.create_topics([topic], operation_timeout=10)[self.checkpoint_topic]
+        try:
+            future.result(timeout=15)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+        log.info("checkpoint topic created", sink=self.id, topic=self.checkpoint_topic)
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        super().close()
+
+    # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
+
+    @contextmanager
+    def begin(self, commit: BatchCommit) -> Iterator[AtomicWrite]:
+        self._errors = {}
+        self.open()
+        yield _Transaction(self, self._writer(commit.partition, commit.rewind), self._errors)
+
+    def write_unchecked(self, events: Sequence[ChangeEvent]) -> None:
+        """One transaction without a checkpoint record."""
+        messages = self.messages(events, range(len(events)))
+        self._errors = {}
+        self.open()
+        self._writer(0).write([(i, m) for i, ms in messages.items() for m in ms], None,
+                              self._errors)
+
+    def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
+        if isinstance(error, PerEventError):
+            return error  # nothing was sent: the writer is still good
+        writer_id = self._transactional_id(commit.partition if commit else 0)
+        dropped = self._writers.pop(writer_id, None)
+        if dropped is not None:
+            dropped.close()  # the next write starts from the committed checkpoint
+        return self._write_error(error, self._errors, writer_id)
+
+    def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
+        """The checkpoint of the last committed transaction."""
+        self.open()
+        try:
+            return self._writer(partition, rewind).stored
+        except Exception as e:
+            self._writers.pop(self._transactional_id(partition), None)
+            failure = self._write_error(e, {}, self._transactional_id(partition))
+        raise failure  # outside the except block: no traceback keeps the producer alive
+
+    def _writer(self, partition: int, rewind: int = 0) -> TransactionalWriter:
         tid = self._transactional_id(partition)
+        key = checkpoint_name(self.pipeline or "-", self.id, partition, sep="/", rewind=rewind)
         writer = self._writers.get(tid)
+        if writer is not None and writer.checkpoint_key != key.encode():
+            self._writers.pop(tid).close()  # rewound: the checkpoint of the new generation
+            writer = None
         if writer is None:
-            key = checkpoint_name(self._pipeline or "-", self.id, partition, sep="/")
             writer = TransactionalWriter(self._client, self._producer_conf, tid,
                                          self.checkpoint_topic, key, self._timeout_s)
             log.info("transactional producer ready", sink=self.id, transactional_id=tid,
@@ -238,81 +365,4 @@ class KafkaSink(Sink):
         return writer
 
     def _transactional_id(self, partition: int) -> str:
-        return "tailrace." + checkpoint_name(self._pipeline or "-", self.id, partition, sep=".")
-
-    def _messages(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
-                  ) -> dict[int, Message]:
-        """Route and encode `events[i]` for each index; the ones that cannot be, or are too
-        large, fail alone (a PerEventError naming them, before anything is sent)."""
-        encoder = Encoder(self._spec.envelope)
-        messages: dict[int, Message] = {}
-        failures: list[tuple[int, str]] = []
-        for i in indexes:
-            event = events[i]
-            try:
-                msg = Message(destination(self._spec.topic, event), key_bytes(event),
-                              encoder.encode(event),
-                              [(k, v.encode()) for k, v in
-                               headers(event, encoder.content_type).items()])
-            except (KeyError, ValueError, TypeError) as e:
-                failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
-                continue
-            if msg.size > self._max_bytes:
-                failures.append((i, f"message too large: {msg.size} bytes > message.max.bytes "
-                                    f"{self._max_bytes}"))
-            messages[i] = msg
-        if failures:
-            raise PerEventError(f"kafka sink {self.id}: {len(failures)} event(s) cannot be "
-                                f"written; first: {failures[0][1]}", failures)
-        return messages
-
-    def stored_position(self, partition: int = 0) -> Position | None:
-        """The checkpoint of the last committed transaction (exactly-once only)."""
-        if not self.exactly_once or self._pipeline is None:
-            return None
-        self.open()
-        try:
-            return self._writer(partition).stored
-        except Exception as e:
-            self._writers.pop(self._transactional_id(partition), None)
-            failure = self._write_error(e, {}, self._transactional_id(partition))
-        raise failure  # outside the except block: see write()
-
-    # -- errors ------------------------------------------------------------------------
-
-    def classify(self, error: BaseException) -> ErrorClass:
-        return classify_kafka(error)
-
-    def _write_error(self, error: BaseException, errors: DeliveryErrors,
-                     transactional_id: str = "") -> Exception:
-        too_large = [(i, f"message too large: {e.str()}") for i, e in sorted(errors.items())
-                     if e.code() in _TOO_LARGE]
-        if too_large:
-            return PerEventError(f"kafka sink {self.id}: {len(too_large)} message(s) refused as "
-                                 f"too large by the broker; first: {too_large[0][1]}", too_large)
-        return self._error("write failed", error, transactional_id)
-
-    def _error(self, what: str, error: BaseException, transactional_id: str = "") -> Exception:
-        if isinstance(error, PerEventError | RetryableError | NonRetryableError | FatalError):
-            return error
-        err = kafka_error_of(error)
-        text = redact(err.str() if err is not None else f"{type(error).__name__}: {error}")
-        cls = classify_kafka(error)
-        if cls is ErrorClass.FATAL:
-            tid = transactional_id or self._transactional_id(0)
-            if err is not None and err.code() in (_K._FENCED, _K.PRODUCER_FENCED,
-                                                  _K.INVALID_PRODUCER_EPOCH):
-                return ProducerFencedError(
-                    f"kafka sink {self.id}: producer fenced: another delivery process took over "
-                    f"transactional.id {tid} ({text}); stop this one: only one delivery process "
-                    f"may run pipeline {self._pipeline}")
-            return FatalError(f"kafka sink {self.id}: fatal producer error on {tid}: {text}")
-        if cls is ErrorClass.RETRYABLE:
-            return RetryableError(f"kafka sink {self.id}: {what}: {text}")
-        if err is not None and err.code() in (_K.SASL_AUTHENTICATION_FAILED, _K._AUTHENTICATION,
-                                              _K.TOPIC_AUTHORIZATION_FAILED,
-                                              _K.CLUSTER_AUTHORIZATION_FAILED,
-                                              _K.TRANSACTIONAL_ID_AUTHORIZATION_FAILED):
-            return NonRetryableError(f"kafka sink {self.id}: not allowed: {text}; check the "
-                                     "credentials and ACLs of the sink's Kafka user")
-        return NonRetryableError(f"kafka sink {self.id}: {what}: {text}")
+        return "tailrace." + checkpoint_name(self.pipeline or "-", self.id, partition, sep=".")

@@ -11,11 +11,17 @@ nats-py is asyncio; the sink runs a private event loop in a thread and calls it
 from the runtime's (synchronous) thread. A batch is published in order on one
 connection (`publish_async`), then all acks are awaited; a lost connection or a
 missing ack fails the batch (retryable) and the next write reconnects.
+
+Security: the URL's user and password (`nats://user:pw@host`), `tls://` for TLS with the
+system's CAs, `tls: {ca, cert, key}` for a CA of one's own and a client certificate, and
+`credentials` for a .creds file (JWT and NKey seed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -27,19 +33,18 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
 
-from tailrace.config._model import NatsSinkSpec
+from tailrace.config import NatsSinkSpec
 from tailrace.envelopes import Encoder
-from tailrace.errors import NonRetryableError, RetryableError
+from tailrace.errors import ConfigError, NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent
 from tailrace.logs import get_logger, redact
 from tailrace_services.delivery.sinks._common import destination
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
-    ErrorClass,
     PerEventError,
     RetryPolicy,
     Sink,
-    classify_default,
+    error_class,
 )
 
 log = get_logger(__name__)
@@ -54,16 +59,38 @@ _RETRYABLE = (nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
               asyncio.TimeoutError)
 
 
-def classify_nats(error: BaseException) -> ErrorClass:
+def classify_nats(error: BaseException) -> type[TailraceError]:
     """Auth, no responders (no stream for the subject), bad requests: fail now; transport: retry."""
     if isinstance(error, _AUTH) or "authorization violation" in str(error).lower():
-        return ErrorClass.NON_RETRYABLE
+        return NonRetryableError
     if isinstance(error, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError
                   | nats.errors.MaxPayloadError | nats.js.errors.BadRequestError):
-        return ErrorClass.NON_RETRYABLE
+        return NonRetryableError
     if isinstance(error, _RETRYABLE):
-        return ErrorClass.RETRYABLE
-    return classify_default(error)
+        return RetryableError
+    return error_class(error)
+
+
+def connect_security(spec: NatsSinkSpec) -> dict[str, Any]:
+    """nats.connect's `tls` (an SSL context from `spec.tls`) and `user_credentials`. The files
+    are read where the sink runs (an executor); one that cannot be read is a ConfigError
+    naming the setting."""
+    out: dict[str, Any] = {}
+    if spec.tls is not None:
+        try:
+            context = ssl.create_default_context(cafile=spec.tls.ca)
+            if spec.tls.cert:
+                context.load_cert_chain(spec.tls.cert, spec.tls.key)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"nats sink {spec.id}: spec.sinks[].tls: {e}; fix the paths of "
+                              "ca, cert and key (PEM files)") from None
+        out["tls"] = context
+    if spec.credentials:
+        if not os.access(spec.credentials, os.R_OK):
+            raise ConfigError(f"nats sink {spec.id}: spec.sinks[].credentials: cannot read "
+                              f"{spec.credentials}")
+        out["user_credentials"] = spec.credentials
+    return out
 
 
 def subject_filter(template: str) -> str:
@@ -127,7 +154,8 @@ class NatsSink(Sink):
             connect_timeout=max(int(self._timeout_s), 1), allow_reconnect=False,
             # two attempts, then NoServersError (0 would mean "forever" to nats-py);
             # the runtime's retry policy does the waiting
-            max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=on_error)
+            max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=on_error,
+            **connect_security(self._spec))
         self._js = self._nc.jetstream(timeout=self._timeout_s)
         if not self._stream_checked:
             await self._ensure_stream(self._js)
@@ -232,10 +260,9 @@ class NatsSink(Sink):
 
     # -- errors ------------------------------------------------------------------------
 
-    def classify(self, error: BaseException) -> ErrorClass:
-        return classify_nats(error)
-
     def _error(self, what: str, error: BaseException) -> Exception:
+        if isinstance(error, ConfigError):
+            return error  # connect_security names the setting
         text = redact(f"{type(error).__name__}: {error}")
         cls = classify_nats(error)
         if isinstance(error, _AUTH) or "authorization violation" in text.lower():
@@ -247,6 +274,6 @@ class NatsSink(Sink):
                 f"nats sink {self.id}: no JetStream stream stores the subject (no responders); "
                 f"add the subject to stream {self._spec.stream}'s subjects "
                 f"(e.g. {subject_filter(self._spec.subject)}) or fix spec.sinks[].subject")
-        if cls is ErrorClass.RETRYABLE:
+        if cls is RetryableError:
             return RetryableError(f"nats sink {self.id}: {what}: {text}")
         return NonRetryableError(f"nats sink {self.id}: {what}: {text}")

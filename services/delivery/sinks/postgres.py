@@ -1,6 +1,6 @@
 """PostgreSQL sink (psycopg 3): a replica of the source tables, exactly-once.
 
-Each write is one database transaction:
+Each write is one database transaction (`exactly_once.ExactlyOnceSink` owns the steps):
 1. lock this sink's row in `tailrace_checkpoints` (created if missing) and read the
    stored position; drop the events at or before it (a replayed batch);
 2. apply the rest in order, consecutive rows of one table and shape in one
@@ -9,29 +9,37 @@ Each write is one database transaction:
    created; columns the table lacks are added with `follow_ddl: true`, else the
    write fails and says so;
 3. store the batch's position in the checkpoint row and commit.
+The checkpoint row's `sink_id` is `{id}#rewind{n}` after an operator's rewind (see
+`_common.stored_sink_id`), so a rewound sink does not skip what it had.
 The rows and the checkpoint commit together or not at all, so a crash or a retry
 never applies a batch twice; the row lock serialises two writers of one sink.
 Values a PostgreSQL source did not send (unchanged TOAST) keep the target's value.
+
+Rows are found by the event's key columns (the source's primary key). A table without
+one (no primary key, REPLICA IDENTITY FULL or NOTHING) is created without a primary key
+and its inserts are applied; its updates and deletes cannot be, and fail alone as a
+`PerEventError` naming the table and the fix (dead-lettered with the journal on, else
+the pipeline stops), before anything of the batch is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import groupby
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from tailrace.config._model import PostgresSinkSpec
-from tailrace.errors import NonRetryableError, RetryableError
+from tailrace.config import PostgresSinkSpec
+from tailrace.errors import NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Column, Op, Position
 from tailrace.logs import get_logger, redact
 from tailrace_services.delivery.sinks._common import (
-    advances,
     destination,
-    fresh_indexes,
     parse_position,
+    stored_sink_id,
 )
 from tailrace_services.delivery.sinks._pg_schema import (
     TableCache,
@@ -40,11 +48,11 @@ from tailrace_services.delivery.sinks._pg_schema import (
 )
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
-    ErrorClass,
+    PerEventError,
     RetryPolicy,
-    Sink,
-    classify_default,
+    error_class,
 )
+from tailrace_services.delivery.sinks.exactly_once import AtomicWrite, ExactlyOnceSink
 
 log = get_logger(__name__)
 
@@ -73,34 +81,52 @@ _AUTH_TEXT = ("password authentication failed", "no pg_hba.conf entry", "role \"
               "authentication failed", "database \"")
 
 
-def classify_postgres(error: BaseException) -> ErrorClass:
+def classify_postgres(error: BaseException) -> type[TailraceError]:
     """SQLSTATE classes as Debezium does: communication retryable, auth (28) and the rest not."""
     state = getattr(error, "sqlstate", None)
     if state:
         if state.startswith(_RETRYABLE_STATES):
-            return ErrorClass.RETRYABLE
-        return ErrorClass.NON_RETRYABLE
+            return RetryableError
+        return NonRetryableError
     if isinstance(error, psycopg.OperationalError):
         text = str(error)
         if any(t in text for t in _AUTH_TEXT):
-            return ErrorClass.NON_RETRYABLE
-        return ErrorClass.RETRYABLE  # refused, reset, timed out, server gone
+            return NonRetryableError
+        return RetryableError  # refused, reset, timed out, server gone
     if isinstance(error, psycopg.InterfaceError):
-        return ErrorClass.RETRYABLE  # the connection is closed
-    return classify_default(error)
+        return RetryableError  # the connection is closed
+    return error_class(error)
 
 
-class PostgresSink(Sink):
+class _Transaction(AtomicWrite):
+    """The sink's checkpoint row, locked (created if missing) inside the transaction."""
+
+    def __init__(self, sink: PostgresSink, conn: psycopg.Connection[Any],
+                 commit: BatchCommit) -> None:
+        self._sink, self._conn = sink, conn
+        self._key = [commit.pipeline, stored_sink_id(sink.id, commit.rewind), commit.partition]
+        row = conn.execute(_LOCK_CHECKPOINT, self._key).fetchone()
+        self.stored = parse_position(row[0] if row else None)
+
+    def write(self, events: Sequence[ChangeEvent], indexes: list[int],
+              commit: BatchCommit) -> None:
+        self._sink.apply(self._conn, [events[i] for i in indexes])
+        p = commit.position
+        self._conn.execute(_STORE_CHECKPOINT, [p.SerializeToString(), p.tx_seq, p.event_index,
+                                               *self._key])
+
+
+class PostgresSink(ExactlyOnceSink):
     retry = RetryPolicy(base_s=0.1, max_s=10.0, attempts=3)
 
     def __init__(self, spec: PostgresSinkSpec, *, pipeline: str | None = None,
                  timeout_s: float = 10.0) -> None:
         self.id = spec.id
         self.required = spec.required
+        self.pipeline = pipeline
         self._spec = spec
-        self._pipeline = pipeline
         self._timeout_s = timeout_s
-        self.follow_ddl: bool = bool(getattr(spec, "follow_ddl", False))
+        self.follow_ddl = spec.follow_ddl
         self._conn: psycopg.Connection[Any] | None = None
         self._tables = TableCache()
         self._sql: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], str] = {}
@@ -126,38 +152,40 @@ class PostgresSink(Sink):
             self._conn = None
         self._tables.forget()
 
-    # -- writing -----------------------------------------------------------------------
+    # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
 
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
-        self.open()
-        conn = self._conn
-        assert conn is not None
-        try:
-            with conn.transaction():
-                todo: Sequence[ChangeEvent] = events
-                stored: Position | None = None
-                if commit is not None:
-                    self._pipeline = commit.pipeline
-                    row = conn.execute(_LOCK_CHECKPOINT, [commit.pipeline, self.id,
-                                                          commit.partition]).fetchone()
-                    stored = parse_position(row[0] if row else None)
-                    todo = [events[i] for i in fresh_indexes(events, stored)]
-                    if len(todo) < len(events):
-                        log.info("replayed events skipped", sink=self.id,
-                                 skipped=len(events) - len(todo))
-                self._apply(conn, todo)
-                if commit is not None and advances(commit, stored):
-                    p = commit.position
-                    conn.execute(_STORE_CHECKPOINT, [p.SerializeToString(), p.tx_seq,
-                                                     p.event_index, commit.pipeline, self.id,
-                                                     commit.partition])
-        except Exception as e:
-            self._tables.forget()  # DDL of the failed transaction was rolled back
-            if classify_postgres(e) is ErrorClass.RETRYABLE or conn.broken:
-                self.close()
-            raise self._error("write failed", e) from None
+        keyless = keyless_changes(events)
+        if keyless:  # before anything of the batch is written
+            raise PerEventError(f"postgres sink {self.id}: {len(keyless)} update(s) or delete(s) "
+                                f"cannot be applied; first: {keyless[0][1]}", keyless)
+        super().write(events, commit)
 
-    def _apply(self, conn: psycopg.Connection[Any], events: Sequence[ChangeEvent]) -> None:
+    @contextmanager
+    def begin(self, commit: BatchCommit) -> Iterator[AtomicWrite]:
+        conn = self._connection()
+        with conn.transaction():
+            yield _Transaction(self, conn, commit)
+
+    def write_unchecked(self, events: Sequence[ChangeEvent]) -> None:
+        conn = self._connection()
+        with conn.transaction():
+            self.apply(conn, events)
+
+    def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
+        self._tables.forget()  # DDL of the failed transaction was rolled back
+        if self._conn is not None and (classify_postgres(error) is RetryableError
+                                       or self._conn.broken):
+            self.close()
+        return self._error("write failed", error)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        self.open()
+        assert self._conn is not None
+        return self._conn
+
+    def apply(self, conn: psycopg.Connection[Any], events: Sequence[ChangeEvent]) -> None:
+        """Every event in order, in the transaction open on `conn`."""
         with conn.pipeline(), conn.cursor() as cur:  # one round trip for the batch
             for (kind, name, cols), group in groupby(_statements(events, self._spec.table),
                                                      key=lambda s: s[:3]):
@@ -176,6 +204,11 @@ class PostgresSink(Sink):
                     self._tables.create(conn, table, name, list(event.after.columns),
                                         list(event.key_columns), source_kind(event))
                     log.info("target table created", sink=self.id, table=name)
+                    if not event.key_columns:
+                        log.warning("target table created without a primary key: the source "
+                                    "table has none; inserts are applied, its updates and "
+                                    "deletes will fail", sink=self.id, table=name,
+                                    source_table=_source_table(event))
                     known = self._tables.columns(conn, table, name)
                 missing = [c for c in first.columns if c.name not in known]
                 if missing:
@@ -197,15 +230,13 @@ class PostgresSink(Sink):
         self._tables.add_columns(conn, table, name, missing, source_kind(event))
         log.info("target columns added", sink=self.id, table=name, columns=names)
 
-    def stored_position(self, partition: int = 0) -> Position | None:
-        if self._pipeline is None:
-            return None
-        self.open()
-        assert self._conn is not None
+    def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
+        conn = self._connection()
         try:
-            row = self._conn.execute(
+            row = conn.execute(
                 f"SELECT position FROM {CHECKPOINT_TABLE} WHERE pipeline = %s AND sink_id = %s"
-                " AND partition = %s", [self._pipeline, self.id, partition]).fetchone()
+                " AND partition = %s", [pipeline, stored_sink_id(self.id, rewind),
+                                        partition]).fetchone()
         except Exception as e:
             self.close()
             raise self._error("cannot read the checkpoint", e) from None
@@ -213,11 +244,8 @@ class PostgresSink(Sink):
 
     # -- errors ------------------------------------------------------------------------
 
-    def classify(self, error: BaseException) -> ErrorClass:
-        return classify_postgres(error)
-
     def _error(self, what: str, error: BaseException) -> Exception:
-        if isinstance(error, NonRetryableError | RetryableError):
+        if isinstance(error, TailraceError):
             return error
         text = redact(f"{type(error).__name__}: {error}".strip())
         state = getattr(error, "sqlstate", None) or ""
@@ -230,12 +258,31 @@ class PostgresSink(Sink):
             return NonRetryableError(
                 f"postgres sink {self.id}: {text}; the target table needs a primary key or "
                 "unique index on the source's key columns")
-        if classify_postgres(error) is ErrorClass.RETRYABLE:
+        if classify_postgres(error) is RetryableError:
             return RetryableError(f"postgres sink {self.id}: {what}: {text}")
         return NonRetryableError(f"postgres sink {self.id}: {what}: {text}")
 
 
 # -- statements --------------------------------------------------------------------------
+
+def _source_table(event: ChangeEvent) -> str:
+    return ".".join(p for p in (event.database, event.schema, event.table) if p)
+
+
+def keyless_changes(events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+    """(index, reason) of the updates and deletes that carry no key columns: no target row
+    can be found for them."""
+    out = []
+    for i, event in enumerate(events):
+        if not event.key_columns and event.op in (Op.OP_UPDATE, Op.OP_DELETE):
+            table = f"{event.schema}.{event.table}" if event.schema else event.table
+            op = "update" if event.op == Op.OP_UPDATE else "delete"
+            out.append((i, f"{op} of a row of {_source_table(event)} without key columns (the "
+                           "source table has no primary key, so no target row can be found); "
+                           f"add a primary key to {table}, or ALTER TABLE {table} REPLICA "
+                           "IDENTITY USING INDEX <a unique index on NOT NULL columns>"))
+    return out
+
 
 class _Row:
     """One statement's parameters, with the event it came from."""

@@ -1,8 +1,9 @@
 """Redis Streams sink: XADD per event and the sink's checkpoint in one MULTI/EXEC.
 
-Each write, on one connection:
+Each write (`exactly_once.ExactlyOnceSink` owns the steps), on one connection:
 1. `WATCH` the checkpoint key and read it (`tailrace:checkpoint:{pipeline}:{sink}:{partition}`,
-   the serialized `Position` of the last batch written);
+   the serialized `Position` of the last batch written; after an operator's rewind the
+   sink part is `{sink}#rewind{n}`, see `_common.stored_sink_id`);
 2. drop the events at or before it (a replayed batch);
 3. `MULTI`, one `XADD` per remaining event (fields `id`, `op`, `key`, `idempotency_key`,
    `event` = the envelope), `SET` the checkpoint to the batch's position, `EXEC`.
@@ -14,34 +15,33 @@ Without a `BatchCommit` the events are appended as they come (at-least-once).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
 from redis.retry import Retry
 
-from tailrace.config._model import RedisSinkSpec
+from tailrace.config import RedisSinkSpec
 from tailrace.envelopes import Encoder
 from tailrace.errors import NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Position, key_bytes
 from tailrace.events._codec import op_name
 from tailrace.logs import get_logger, redact
 from tailrace_services.delivery.sinks._common import (
-    advances,
     checkpoint_name,
     destination,
-    fresh_indexes,
     parse_position,
 )
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
-    ErrorClass,
     PerEventError,
     RetryPolicy,
-    Sink,
-    classify_default,
+    error_class,
 )
+from tailrace_services.delivery.sinks.exactly_once import AtomicWrite, ExactlyOnceSink
 
 log = get_logger(__name__)
 
@@ -50,30 +50,50 @@ CHECKPOINT_PREFIX = "tailrace:checkpoint:"
 _AUTH_MARKERS = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid username-password")
 
 
-def classify_redis(error: BaseException) -> ErrorClass:
+def classify_redis(error: BaseException) -> type[TailraceError]:
     """NOAUTH/WRONGPASS/NOPERM: fix the credentials; connection trouble, LOADING, BUSY: retry."""
     if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError) or (
             isinstance(error, redis.ResponseError) and str(error).startswith(_AUTH_MARKERS)):
-        return ErrorClass.NON_RETRYABLE
+        return NonRetryableError
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | redis.BusyLoadingError
                   | redis.WatchError | redis.exceptions.TryAgainError | ConnectionError
                   | TimeoutError):
-        return ErrorClass.RETRYABLE
+        return RetryableError
     if isinstance(error, redis.ResponseError) and str(error).startswith(
             ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN")):
-        return ErrorClass.RETRYABLE
-    return classify_default(error)
+        return RetryableError
+    return error_class(error)
 
 
-class RedisSink(Sink):
+class _Transaction(AtomicWrite):
+    """MULTI/EXEC on a pipeline that WATCHes the checkpoint key."""
+
+    def __init__(self, sink: RedisSink, pipe: Pipeline, key: str) -> None:
+        self._sink, self._pipe, self._key = sink, pipe, key
+        pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves Pipeline.watch unannotated
+        # Watching puts the pipeline in immediate mode: GET answers the value (redis-py's
+        # ResponseT also allows the asyncio client's awaitable).
+        self.stored = parse_position(cast(bytes | None, pipe.get(key)))
+
+    def write(self, events: Sequence[ChangeEvent], indexes: list[int],
+              commit: BatchCommit) -> None:
+        entries = self._sink.entries(events, indexes)
+        self._pipe.multi()
+        for stream, fields in entries.values():
+            self._sink.xadd(self._pipe, stream, fields)
+        self._pipe.set(self._key, commit.position.SerializeToString())
+        self._pipe.execute()  # WatchError when another writer moved the checkpoint: retryable
+
+
+class RedisSink(ExactlyOnceSink):
     retry = RetryPolicy(base_s=0.05, max_s=5.0, attempts=3)
 
     def __init__(self, spec: RedisSinkSpec, *, pipeline: str | None = None,
                  timeout_s: float = 10.0) -> None:
         self.id = spec.id
         self.required = spec.required
+        self.pipeline = pipeline
         self._spec = spec
-        self._pipeline = pipeline
         self._timeout_s = timeout_s
         self._client: redis.Redis | None = None
 
@@ -91,44 +111,32 @@ class RedisSink(Sink):
             raise self._error("cannot connect", e) from None
         self._client = client
 
-    def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
+    # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
+
+    @contextmanager
+    def begin(self, commit: BatchCommit) -> Iterator[AtomicWrite]:
         self.open()
         assert self._client is not None
-        try:
-            if commit is None:
-                pipe = self._client.pipeline(transaction=False)
-                for stream, fields in self._entries(events, range(len(events))).values():
-                    self._xadd(pipe, stream, fields)
-                pipe.execute()
-            else:
-                self._pipeline = commit.pipeline
-                self._write_exactly_once(self._client, events, commit)
-        except TailraceError:
-            raise
-        except Exception as e:
-            self.close()  # a fresh connection on the retry
-            raise self._error("write failed", e) from None
+        key = self._checkpoint_key(commit.pipeline, commit.partition, commit.rewind)
+        with self._client.pipeline(transaction=True) as pipe:
+            yield _Transaction(self, pipe, key)
 
-    def _write_exactly_once(self, client: redis.Redis, events: Sequence[ChangeEvent],
-                            commit: BatchCommit) -> None:
-        key = self._checkpoint_key(commit.pipeline, commit.partition)
-        with client.pipeline(transaction=True) as pipe:
-            pipe.watch(key)
-            stored = parse_position(pipe.get(key))  # type: ignore[arg-type]
-            todo = fresh_indexes(events, stored)
-            if len(todo) < len(events):
-                log.info("replayed events skipped", sink=self.id, skipped=len(events) - len(todo))
-            if not todo and not advances(commit, stored):
-                return
-            entries = self._entries(events, todo)
-            pipe.multi()
-            for stream, fields in entries.values():
-                self._xadd(pipe, stream, fields)
-            pipe.set(key, commit.position.SerializeToString())
-            pipe.execute()  # WatchError when another writer moved the checkpoint: retryable
+    def write_unchecked(self, events: Sequence[ChangeEvent]) -> None:
+        self.open()
+        assert self._client is not None
+        pipe = self._client.pipeline(transaction=False)
+        for stream, fields in self.entries(events, range(len(events))).values():
+            self.xadd(pipe, stream, fields)
+        pipe.execute()
 
-    def _entries(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
-                 ) -> dict[int, tuple[str, dict[str, Any]]]:
+    def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
+        if isinstance(error, TailraceError):
+            return error  # routing or encoding (PerEventError), or open() already said why
+        self.close()  # a fresh connection on the retry
+        return self._error("write failed", error)
+
+    def entries(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
+                ) -> dict[int, tuple[str, dict[str, Any]]]:
         """(stream, fields) for `events[i]`; events that cannot be routed or encoded fail alone."""
         encoder = Encoder(self._spec.envelope)
         entries: dict[int, tuple[str, dict[str, Any]]] = {}
@@ -150,37 +158,34 @@ class RedisSink(Sink):
                                 f"written; first: {failures[0][1]}", failures)
         return entries
 
-    def _xadd(self, pipe: Any, stream: str, fields: dict[str, Any]) -> None:
+    def xadd(self, pipe: Any, stream: str, fields: dict[str, Any]) -> None:
         pipe.xadd(stream, fields, maxlen=self._spec.maxlen,
                   approximate=self._spec.maxlen is not None)
 
-    def stored_position(self, partition: int = 0) -> Position | None:
-        if self._pipeline is None:
-            return None  # not known before the first commit; write() still skips replays
+    def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
         self.open()
         assert self._client is not None
         try:
-            raw = self._client.get(self._checkpoint_key(self._pipeline, partition))
+            raw = self._client.get(self._checkpoint_key(pipeline, partition, rewind))
         except Exception as e:
             self.close()
             raise self._error("cannot read the checkpoint", e) from None
-        return parse_position(raw)  # type: ignore[arg-type]
+        return parse_position(cast(bytes | None, raw))  # a sync client: bytes or None
 
-    def _checkpoint_key(self, pipeline: str, partition: int) -> str:
-        return CHECKPOINT_PREFIX + checkpoint_name(pipeline, self.id, partition)
+    def _checkpoint_key(self, pipeline: str, partition: int, rewind: int = 0) -> str:
+        return CHECKPOINT_PREFIX + checkpoint_name(pipeline, self.id, partition, rewind=rewind)
 
-    def classify(self, error: BaseException) -> ErrorClass:
-        return classify_redis(error)
+    # -- errors ------------------------------------------------------------------------
 
     def _error(self, what: str, error: BaseException) -> Exception:
         text = redact(f"{type(error).__name__}: {error}")
         cls = classify_redis(error)
-        if cls is ErrorClass.NON_RETRYABLE and ("auth" in text.lower() or "NOPERM" in text
-                                                or "WRONGPASS" in text):
+        if cls is NonRetryableError and ("auth" in text.lower() or "NOPERM" in text
+                                         or "WRONGPASS" in text):
             return NonRetryableError(
                 f"redis sink {self.id}: authentication failed ({text}); check the user and "
                 "password in spec.sinks[].url (redis://user:password@host:port/db)")
-        if cls is ErrorClass.RETRYABLE:
+        if cls is RetryableError:
             return RetryableError(f"redis sink {self.id}: {what}: {text}")
         return NonRetryableError(f"redis sink {self.id}: {what}: {text}")
 

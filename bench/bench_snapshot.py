@@ -1,0 +1,188 @@
+"""Benchmark of PostgreSQL snapshots: the server's own read rate vs. capture's snapshot rate.
+
+    .venv/bin/python bench/bench_snapshot.py [--rows 1000000] [--chunk-size 10000] [--writer 1000]
+
+Starts a throwaway PostgreSQL, a Kafka-protocol broker and a control service, fills one
+table of mixed types (bigint key, int, text, timestamptz, numeric, jsonb, boolean, uuid)
+with `--rows` rows, then:
+
+1. ceiling: the chunk query alone (`SELECT ... ORDER BY id LIMIT n` after the last key,
+   every value as the server's text, nothing converted) — what reading costs;
+2. snapshot: the capture service (`snapshot.mode: initial_only`, a separate process) reads
+   the table in watermarked chunks, converts, merges and publishes every row, then exits:
+   rows per second from its "streaming" log line to its exit, with its peak RSS.
+
+`--writer N` updates random rows during the snapshot, N transactions of 5 updates per
+second. Figures, not
+assertions: they depend on the machine and its load (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+from psycopg.types.string import TextLoader  # noqa: E402
+
+from tailrace.devservers import KafkaBroker, PostgresServer  # noqa: E402
+from tailrace_services.control.server import serve  # noqa: E402
+from tailrace_services.control.storage import MemoryStorage  # noqa: E402
+
+SPEC = """\
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {{name: bench, tenant: bench}}
+spec:
+  source:
+    type: postgres
+    id: bench-src
+    dsn: "{dsn}"
+    tables: [public.items]
+    snapshot: {{mode: initial_only, chunk_size: {chunk}}}
+  sinks: [{{id: none, type: redis, url: "redis://127.0.0.1:9"}}]
+  bus: {{brokers: "{brokers}"}}
+  control: {{address: "{control}"}}
+"""
+TABLE = """CREATE TABLE items (id bigint PRIMARY KEY, n int, label text, at timestamptz,
+  amount numeric(12,2), doc jsonb, flag boolean, uid uuid)"""
+FILL = """INSERT INTO items SELECT g, g %% 1000, 'row ' || g, now() - g * interval '1 s',
+  g * 0.01, jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b')), g %% 2 = 0,
+  md5(g::text)::uuid FROM generate_series(%s::bigint, %s::bigint) g"""
+
+
+def ceiling(dsn: str, rows: int, chunk: int) -> float:
+    """Rows per second of the chunk queries alone, values as text."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.cursor()
+        for oid in (20, 23, 25, 1184, 1700, 3802, 16, 2950):
+            cur.adapters.register_loader(oid, TextLoader)
+        started = time.perf_counter()
+        last, seen = "0", 0
+        while True:
+            got = cur.execute("SELECT * FROM items WHERE id > %s::bigint ORDER BY id LIMIT %s",
+                              (last, chunk)).fetchall()
+            if not got:
+                break
+            seen += len(got)
+            last = got[-1][0]
+        assert seen == rows, (seen, rows)
+        return rows / (time.perf_counter() - started)
+
+
+class Writer(threading.Thread):
+    def __init__(self, dsn: str, rows: int, rate: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.rows, self.rate = dsn, rows, rate
+        self.stopped = threading.Event()
+        self.transactions = 0
+
+    def run(self) -> None:
+        """`rate` transactions of 5 updates per second (5 x rate rows/s)."""
+        rng = random.Random(1)
+        started = time.monotonic()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stopped.is_set():
+                with conn.transaction():
+                    for _ in range(5):
+                        conn.execute("UPDATE items SET n = n + 1 WHERE id = %s",
+                                     (rng.randint(1, self.rows),))
+                self.transactions += 1
+                ahead = self.transactions / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+
+def snapshot(spec: Path, log: Path, rows: int, dsn: str, writer_rate: int,
+             profile: str | None = None) -> tuple[float, float, int, int]:
+    """(rows/s, seconds, peak RSS in kB, writer transactions) of capture's snapshot."""
+    writer = Writer(dsn, rows, writer_rate) if writer_rate else None
+    hwm = 0
+    with open(log, "wb") as out:
+        wrap = ["-m", "cProfile", "-o", profile] if profile else []
+        proc = subprocess.Popen([sys.executable, *wrap, "-m", "tailrace_services.capture",
+                                 str(spec)],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if writer is not None:
+        writer.start()
+    deadline = time.monotonic() + 1800
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            hwm = max(hwm, next(int(line.split()[1]) for line in status.splitlines()
+                                if line.startswith("VmHWM:")))
+        except (OSError, StopIteration):
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the snapshot did not finish: see {log}")
+        time.sleep(0.1)
+    ended = time.time()
+    if writer is not None:
+        writer.stopped.set()
+        writer.join(10)
+    if proc.returncode != 0:
+        raise SystemExit(f"capture exited with {proc.returncode}: see {log}")
+    started = next(json.loads(line)["timestamp"] for line in log.read_text().splitlines()
+                   if '"event": "streaming"' in line)
+    start = dt.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+    done = sum(json.loads(line)["rows_done"] for line in log.read_text().splitlines()
+               if '"event": "snapshot progress"' in line and '"done": true' in line)
+    return done / (ended - start), ended - start, hwm, writer.transactions if writer else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--chunk-size", type=int, default=10_000)
+    parser.add_argument("--writer", type=int, default=0, metavar="TX_PER_S",
+                        help="update random rows during the snapshot: this many transactions "
+                             "of 5 updates per second")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="run the capture under cProfile and write its stats to FILE "
+                             "(read with `python -m pstats FILE`); the rate then drops")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-snap-"))
+    with PostgresServer() as pg, KafkaBroker() as kafka:
+        server = serve(MemoryStorage(), "127.0.0.1:0")
+        try:
+            pg.execute(TABLE)
+            started = time.perf_counter()
+            for start in range(1, args.rows + 1, 100_000):
+                pg.execute(FILL, [start, min(start + 99_999, args.rows)])
+            pg.execute("VACUUM ANALYZE items")
+            print(f"filled items with {args.rows:,} rows of 8 columns in "
+                  f"{time.perf_counter() - started:.1f} s")
+            rate = ceiling(pg.dsn(), args.rows, args.chunk_size)
+            print(f"ceiling: the chunk queries alone, values as text: {rate:,.0f} rows/s")
+            spec = work / "bench.yaml"
+            spec.write_text(SPEC.format(dsn=pg.dsn(), brokers=kafka.bootstrap,
+                                        chunk=args.chunk_size,
+                                        control=f"127.0.0.1:{server.port}"))
+            rows_s, took, hwm, txs = snapshot(spec, work / "capture.log", args.rows, pg.dsn(),
+                                              args.writer, args.profile)
+            print(f"capture snapshot (read, convert, merge, publish, cursor per chunk): "
+                  f"{rows_s:,.0f} rows/s ({took:.1f} s"
+                  f"{f'; {txs:,} writer transactions of 5 updates meanwhile' if args.writer else ''}; "
+                  f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+            print(f"capture peak RSS (VmHWM): {hwm / 1024:.0f} MB")
+        finally:
+            server.stop(0)
+
+
+if __name__ == "__main__":
+    main()

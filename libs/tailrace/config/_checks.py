@@ -1,0 +1,27 @@
+"""Checks across fields, once every field is valid on its own; each names the field to fix."""
+
+from __future__ import annotations
+
+from tailrace.config._model import PipelineSpec
+
+__all__ = ["cross_field_problems"]
+
+
+def cross_field_problems(pipeline: PipelineSpec) -> list[tuple[str, str]]:
+    """(field, problem) pairs; none for a spec that can run as written."""
+    spec = pipeline.spec
+    policy = spec.commit_policy
+    problems: list[tuple[str, str]] = []
+    if policy != "required":
+        name = "all" if policy == "all" else "quorum"
+        counted = ("every sink must acknowledge" if policy == "all"
+                   else "every sink counts toward the quorum")
+        problems += [(f"spec.sinks[{i}].required",
+                      f"required: false has no effect under commit_policy {name} ({counted}); "
+                      "remove it, or use commit_policy: required to let this sink fall behind")
+                     for i, sink in enumerate(spec.sinks) if not sink.required]
+    if not isinstance(policy, str) and policy.quorum > len(spec.sinks):
+        problems.append(("spec.commit_policy.quorum",
+                         f"{policy.quorum} can never be met by {len(spec.sinks)} sink(s); set "
+                         f"it between 1 and {len(spec.sinks)}"))
+    return problems

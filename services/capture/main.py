@@ -1,0 +1,99 @@
+"""`tailrace-capture PIPELINE.yaml`: runs the capture service for the spec's source type.
+
+Exit codes: 0 stopped by a signal, 1 a fatal error (a lost source position, halted
+schema drift, ...), 2 an invalid spec or source configuration. With `--http-port`
+a fatal error keeps the side port up with `/health` answering 503 and the reason,
+until SIGTERM (or exit at once with `--exit-on-fatal`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from tailrace.config import load_pipeline
+from tailrace.control_access import service_client
+from tailrace.errors import ConfigError, FatalError
+from tailrace.logs import add_log_options, get_logger, setup_logging
+
+if TYPE_CHECKING:
+    from tailrace_services.capture.lifecycle import CaptureService
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tailrace-capture", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pipeline", help="pipeline spec (YAML)")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="serve /health, /ready, /metrics on this port (0 = any free port)")
+    parser.add_argument("--exit-on-fatal", action="store_true",
+                        help="exit at once on a fatal error instead of serving 503 on /health")
+    add_log_options(parser)
+    args = parser.parse_args(argv)
+    setup_logging("capture", args.log_level, fmt=args.log_format)
+    log = get_logger()
+    try:
+        spec = load_pipeline(args.pipeline)
+    except ConfigError as e:
+        print(f"tailrace-capture: invalid pipeline spec:\n{e}", file=sys.stderr)
+        return 2
+
+    try:
+        control = service_client(spec.spec.control)
+    except ConfigError as e:
+        print(f"tailrace-capture: {e}", file=sys.stderr)
+        return 2
+    capture: CaptureService[Any]
+    if spec.spec.source.type == "postgres":
+        from tailrace_services.capture_postgres.service import PostgresCapture
+
+        capture = PostgresCapture(spec, control)
+    elif spec.spec.source.type == "mysql":
+        from tailrace_services.capture_mysql.service import MysqlCapture
+
+        capture = MysqlCapture(spec, control)
+    else:
+        print(f"tailrace-capture: source type {spec.spec.source.type!r} is not available yet",
+              file=sys.stderr)
+        return 2
+
+    stopped = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stopped.set()
+        capture.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    side = None
+    if args.http_port is not None:
+        from tailrace.httpside import start_http_side
+
+        side = start_http_side(args.http_port, lambda: capture.health, lambda: capture.ready)
+        log.info("http side port", url=side.url)
+    log.info("capture starting", pipeline=spec.name, source=spec.spec.source.id,
+             type=spec.spec.source.type)
+    try:
+        capture.run()
+    except FatalError as e:
+        log.error("capture stopped", reason=str(e))
+        if side is not None and not args.exit_on_fatal:
+            with contextlib.suppress(KeyboardInterrupt):
+                stopped.wait()
+        return 1
+    except ConfigError as e:
+        log.error("capture cannot start", reason=str(e))
+        return 2
+    finally:
+        if side is not None:
+            side.stop()
+        control.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""Publishing to the internal topic: whole transactions, then epoch markers.
+
+The assembler of both capture sources hands complete, stamped transactions to `BusPublisher`.
+It never drops: a full producer queue blocks the caller (backpressure up to
+the source), and a failed delivery raises so the capture service restarts
+from its checkpoint. After a transaction, at most every `epoch_ms`, a marker
+goes to every partition; once the broker has acknowledged them all, the
+marker offsets are recorded in the control service as the new epoch, which
+is what the delivery service plans its batches from. Publishing does not wait
+for those acks: epochs in flight are recorded, in order, as their acks arrive
+(a marker's ack also covers every record before it in its partition).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from tailrace.bus import partition_for, producer_config
+from tailrace.control_client import ControlClient
+from tailrace.errors import FatalError, RetryableError
+from tailrace.events import bus_key, encode_epoch, encode_event
+from tailrace.proto import control_pb2
+from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
+
+# The producer's local queue is what a slow bus fills first: bounded so that a large source
+# transaction or a bus outage cannot grow the capture process by hundreds of MB.
+QUEUE_MAX_KBYTES = 32 * 1024
+QUEUE_MAX_MESSAGES = 50_000
+EPOCH_ACK_TIMEOUT_S = 30.0
+# Epochs emitted but not yet acknowledged. Past this the publisher waits for the bus, so a
+# slow or cut-off bus stops the source reading within a few epochs (backpressure).
+MAX_EPOCHS_IN_FLIGHT = 3
+
+
+@dataclass
+class _EpochInFlight:
+    epoch: control_pb2.Epoch
+    deadline: float
+    acked: dict[int, int] = field(default_factory=dict)  # partition -> offset after the marker
+
+
+class BusPublisher:
+    """`idle` is called about every 100 ms while the publisher waits for the bus (a full
+    queue, an epoch's acks), so the caller can keep its source connection alive.
+    `client_config`: the spec's `bus.client_config` (SASL, TLS)."""
+
+    def __init__(self, brokers: str, topic: str, partitions: int, source_id: str,
+                 control: ControlClient, epoch_ms: int = 200,
+                 idle: Callable[[], None] | None = None,
+                 client_config: Mapping[str, str] | None = None) -> None:
+        config = producer_config(brokers, f"tailrace-capture-{source_id}", client_config)
+        config["queue.buffering.max.kbytes"] = min(int(config["queue.buffering.max.kbytes"]),
+                                                   QUEUE_MAX_KBYTES)
+        config["queue.buffering.max.messages"] = min(
+            int(config["queue.buffering.max.messages"]), QUEUE_MAX_MESSAGES)
+        self._producer = Producer(config)
+        self.idle = idle  # None while the source is gone
+        self._topic = topic
+        self._partitions = partitions
+        self._source_id = source_id
+        self._control = control
+        self._epoch_s = epoch_ms / 1000
+        self._error: KafkaError | None = None
+        self._last_position: Position | None = None
+        self._last_source_ms = 0  # source commit time of the last transaction published
+        self._epoch_pending = False
+        self._last_epoch_at = 0.0
+        self._in_flight: deque[_EpochInFlight] = deque()
+        latest = control.latest_epoch(source_id)
+        self._epoch_id = latest.epoch_id if latest else 0
+        self.events_published = 0
+        self.bytes_published = 0  # of the change events' bus records
+        self.transactions_published = 0
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None and self._error is None:
+            self._error = err
+
+    def _check(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            if err.fatal():
+                raise FatalError(f"bus producer failed fatally: {err.str()}")
+            raise RetryableError(f"bus delivery failed: {err.str()}")
+
+    def _produce(self, key: bytes | None, value: bytes, partition: int,
+                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None
+                 ) -> None:
+        while True:
+            try:
+                self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                       on_delivery=on_delivery or self._on_delivery)
+                return
+            except BufferError:
+                # The local queue is full: wait for the broker instead of dropping.
+                self._wait(0.1)
+                self._check()
+
+    def _wait(self, timeout: float) -> None:
+        self._producer.poll(timeout)
+        if self.idle is not None:
+            self.idle()
+
+    def publish_transaction(self, events: Iterable[ChangeEvent]) -> None:
+        last = None
+        count = nbytes = 0
+        for event in events:
+            key = bus_key(event)
+            value = encode_event(event)
+            self._produce(key, value, partition_for(key, self._partitions))
+            count += 1
+            nbytes += len(value)
+            last = event
+        self.events_published += count
+        self.bytes_published += nbytes
+        self._producer.poll(0)
+        self._check()
+        self._record_acked_epochs()
+        if last is None:
+            return
+        self.transactions_published += 1
+        self._last_position = last.position
+        self._last_source_ms = last.ts_source_micros // 1000
+        self._epoch_pending = True
+        if time.monotonic() - self._last_epoch_at >= self._epoch_s:
+            self._emit_epoch()
+
+    def tick(self) -> None:
+        """Call when idle: closes a pending epoch once `epoch_ms` has passed."""
+        self._producer.poll(0)
+        self._check()
+        self._record_acked_epochs()
+        if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
+            self._emit_epoch()
+
+    def emit_epoch(self) -> None:
+        """Close the epoch now and wait until it is recorded in control (what follows a
+        publish in tests and tools; the capture loop closes epochs without waiting)."""
+        self._emit_epoch()
+        self.drain()
+
+    def _emit_epoch(self) -> None:
+        """Write a marker to every partition; the cut is recorded in control once all are
+        acknowledged (`_record_acked_epochs`)."""
+        if self._last_position is None:
+            return
+        self.drain(keep=MAX_EPOCHS_IN_FLIGHT - 1)
+        self._epoch_id += 1
+        now_us = int(time.time() * 1_000_000)
+        flight = _EpochInFlight(
+            control_pb2.Epoch(source_id=self._source_id, epoch_id=self._epoch_id,
+                              position=self._last_position, ts_unix_ms=now_us // 1000,
+                              source_ts_unix_ms=self._last_source_ms),
+            deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S)
+
+        def on_marker(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._on_delivery(err, msg)
+            else:  # delivered: the message has its partition and offset
+                flight.acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
+
+        for partition in range(self._partitions):
+            marker = EpochMarker(epoch_id=self._epoch_id, source_id=self._source_id,
+                                 position=self._last_position, partition=partition,
+                                 ts_micros=now_us)
+            self._produce(None, encode_epoch(marker), partition, on_marker)
+        self._in_flight.append(flight)
+        self._epoch_pending = False
+        self._last_epoch_at = time.monotonic()
+
+    def _record_acked_epochs(self) -> None:
+        """Record, oldest first, every epoch whose markers are all acknowledged; raise if the
+        oldest waits longer than EPOCH_ACK_TIMEOUT_S."""
+        while self._in_flight:
+            flight = self._in_flight[0]
+            if len(flight.acked) < self._partitions:
+                if time.monotonic() > flight.deadline:
+                    raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
+                                         f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+                return
+            for partition, offset in flight.acked.items():
+                flight.epoch.end_offsets[partition] = offset
+            self._control.record_epoch(flight.epoch)
+            self._in_flight.popleft()
+
+    def drain(self, keep: int = 0) -> None:
+        """Wait until at most `keep` emitted epochs are not yet acknowledged and recorded."""
+        while len(self._in_flight) > keep:
+            self._wait(0.1)
+            self._check()
+            self._record_acked_epochs()
+
+    def close(self) -> None:
+        if self._epoch_pending:
+            self._emit_epoch()
+        self.drain()
+        self._producer.flush(10)
+
+    def abort(self) -> None:
+        """Drop what is not acknowledged yet, without an epoch: after a failure the capture
+        service publishes again from its checkpoint, and nothing past the last recorded
+        epoch counts as delivered."""
+        self._producer.purge()
+        self._producer.flush(0)
+        self._in_flight.clear()

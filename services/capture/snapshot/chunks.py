@@ -1,0 +1,94 @@
+"""What a snapshot chunk and a watermark are, and what a source supplies (`ChunkSource`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tailrace.proto.event_pb2 import ChangeEvent, Position, Row
+
+__all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "TablePlan", "Watermark",
+           "key_of", "parse_watermark", "watermark_content"]
+
+WATERMARK_PREFIX = "tailrace"
+Key = tuple[bytes, ...]
+
+
+def watermark_content(token: str, high: bool) -> str:
+    return json.dumps({"chunk": token, "mark": "high" if high else "low"})
+
+
+def parse_watermark(content: bytes) -> tuple[str, bool] | None:
+    """(token, high) of a watermark written by `watermark_content`; None for anything else."""
+    try:
+        parsed = json.loads(content)
+        return str(parsed["chunk"]), parsed["mark"] == "high"
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """A watermark as the feed read it from the log, outside any transaction. `position`
+    is where a read transaction placed at it sits in the stream; `published` is set by
+    the merger when it published one there (the feed may then confirm past it)."""
+
+    token: str
+    high: bool
+    position: Position
+    published: list[bool] = field(default_factory=list)
+
+
+def key_of(row: Row, key_columns: Iterable[str]) -> Key:
+    """A row's key as comparable bytes: the serialized values of its key columns."""
+    values = {c.name: c.value for c in row.columns}
+    return tuple(values[k].SerializeToString() if k in values else b"" for k in key_columns)
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """How a table is read: its name as capture reports it, and its chunking key."""
+
+    table: str
+    key_columns: tuple[str, ...]
+    estimate: int = 0
+
+
+@dataclass
+class ChunkRows:
+    """What a chunk read: read events by key, in key order; the cursor after them (the
+    last key, as the source's text values); whether rows follow; transactions that may
+    have committed unseen by the read, and those of them that may predate the merger's
+    recording."""
+
+    events: dict[Key, ChangeEvent]
+    cursor: list[str] | None
+    more: bool  # rows follow the chunk
+    hidden: set[str] = field(default_factory=set)
+    hidden_unrecorded_is_unsafe: set[str] = field(default_factory=set)
+    # transactions recorded for the table that no later chunk can name as hidden (prune)
+    forgettable: Callable[[str], bool] | None = None
+
+
+class ChunkSource(Protocol):
+    """A source's side of a snapshot (`capture_<source>/snapshot.py`)."""
+
+    def key_columns(self, table: str) -> tuple[str, ...]:
+        """The table's chunking key; () when it has none."""
+
+    def plan(self, table: str) -> TablePlan:
+        """The table's key and size estimate; ConfigError when it has no key."""
+
+    def begin_table(self, plan: TablePlan) -> None:
+        """Called after the merger records the table and before its first chunk."""
+
+    def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
+                   token: str) -> ChunkRows:
+        """Write the low watermark `token`, read up to `limit` rows after `after`."""
+
+    def write_high(self, token: str) -> None:
+        """Write the high watermark `token`."""
+
+    def close(self) -> None: ...

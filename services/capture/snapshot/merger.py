@@ -1,0 +1,215 @@
+"""The stream side of a snapshot: chunk reads merged into a source's feed at their
+watermarks (the package docstring)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from tailrace.events import event_id, idempotency_key
+from tailrace.logs import get_logger
+from tailrace.proto.event_pb2 import ChangeEvent, Op, Position
+from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
+from tailrace_services.capture.snapshot.chunks import ChunkRows, Key, Watermark, key_of
+
+__all__ = ["Chunk", "SnapshotMerger"]
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Chunk:
+    """One chunk from its announcement to its outcome, shared by the worker and the
+    stream."""
+
+    table: str
+    key_columns: tuple[str, ...]
+    request_id: int
+    number: int
+    last: bool = False
+    cursor: list[str] | None = None
+    rows: ChunkRows | None = None
+    low_seen: bool = False
+    dirty: set[Key] = field(default_factory=set)
+    exclude: set[Key] = field(default_factory=set)  # on the bus already (crash recovery)
+    before_publish: Callable[[Chunk, Position], None] | None = None
+    outcome: str = ""  # published | empty | discarded
+    position: Position | None = None
+    published_rows: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class SnapshotMerger:
+    """Merges chunk reads into a source's feed (package docstring). Thread-safe: the
+    worker opens and fills chunks while the stream runs `items`."""
+
+    def __init__(self, source_id: str, tenant: str) -> None:
+        self.source_id = source_id
+        self.tenant = tenant
+        self._lock = threading.Lock()
+        self._chunks: dict[str, Chunk] = {}
+        # per recorded table: the transactions seen since it started (tx id -> keys), kept
+        # until no chunk can name them as hidden any more (`ChunkRows.forgettable`)
+        self._recorded: dict[str, dict[str, set[Key]]] = {}
+        self._keys: dict[str, tuple[str, ...]] = {}
+
+    # worker side
+    def record(self, table: str, key_columns: tuple[str, ...]) -> None:
+        with self._lock:
+            self._recorded.setdefault(table, {})
+            self._keys[table] = key_columns
+
+    def forget(self, table: str) -> None:
+        with self._lock:
+            self._recorded.pop(table, None)
+            self._keys.pop(table, None)
+
+    def open(self, token: str, chunk: Chunk) -> None:
+        with self._lock:
+            self._chunks[token] = chunk
+
+    def fill(self, token: str, rows: ChunkRows) -> None:
+        with self._lock:
+            self._chunks[token].rows = rows
+
+    def abandon(self, token: str) -> None:
+        with self._lock:
+            chunk = self._chunks.pop(token, None)
+        if chunk is not None and not chunk.outcome:
+            chunk.outcome = "discarded"
+            chunk.done.set()
+
+    # stream side
+    def items(self, feed: Iterable[FeedItem | Watermark]) -> Iterator[FeedItem]:
+        """The feed with watermarks replaced by read transactions."""
+        tx_keys: dict[str, set[Key]] = {}
+        for item in feed:
+            if isinstance(item, ChangeEvent):
+                if self._recorded:
+                    self._note(tx_keys, item)
+                yield item
+            elif isinstance(item, list):
+                if self._recorded:
+                    for event in item:
+                        self._note(tx_keys, event)
+                yield item
+            elif isinstance(item, Commit):
+                if tx_keys:
+                    self._on_commit(item.tx_id, tx_keys)
+                    tx_keys = {}
+                yield item
+            elif isinstance(item, Watermark):
+                tx_keys = {}
+                yield from self._on_watermark(item)
+            else:
+                if item is BEGIN:
+                    tx_keys = {}
+                yield item
+
+    def _note(self, tx_keys: dict[str, set[Key]], event: ChangeEvent) -> None:
+        table = f"{event.schema}.{event.table}" if event.schema else \
+            f"{event.database}.{event.table}"
+        columns = self._keys.get(table)
+        if columns is None:
+            return
+        keys = tx_keys.setdefault(table, set())
+        if event.HasField("after") and event.after.columns:
+            keys.add(key_of(event.after, columns))
+        if event.HasField("before") and event.before.columns:
+            keys.add(key_of(event.before, columns))
+        if event.op == Op.OP_TRUNCATE:
+            keys.add(())  # every key: see _on_commit
+
+    def _on_commit(self, tx_id: str, tx_keys: dict[str, set[Key]]) -> None:
+        with self._lock:
+            for table, keys in tx_keys.items():
+                recorded = self._recorded.get(table)
+                if recorded is not None:
+                    recorded.setdefault(tx_id, set()).update(keys)
+                for chunk in self._chunks.values():
+                    if chunk.table == table and chunk.low_seen:
+                        chunk.dirty.update(keys)
+
+    def _on_watermark(self, mark: Watermark) -> Iterator[FeedItem]:
+        with self._lock:
+            chunk = self._chunks.get(mark.token)
+            if chunk is None:
+                return  # another session's, or replayed after a restart: read again
+            if not mark.high:
+                chunk.low_seen = True
+                return
+            del self._chunks[mark.token]
+        if not chunk.low_seen or chunk.rows is None:
+            self._finish(chunk, "discarded")
+            return
+        rows = chunk.rows
+        with self._lock:
+            seen = self._recorded.get(chunk.table, {})
+            hidden = {tx_id: seen[tx_id] for tx_id in rows.hidden if tx_id in seen}
+            if rows.forgettable is not None:
+                for tx_id in [t for t in seen if rows.forgettable(t)]:
+                    del seen[tx_id]
+        for tx_id in rows.hidden:
+            if tx_id in hidden:
+                chunk.dirty.update(hidden[tx_id])
+            elif tx_id in rows.hidden_unrecorded_is_unsafe:
+                log.warning("snapshot chunk read again: a transaction committed before it was "
+                            "not visible to its read and was not seen by the stream",
+                            table=chunk.table, chunk=chunk.number, tx_id=tx_id)
+                self._finish(chunk, "discarded")
+                return
+        if () in chunk.dirty:  # a TRUNCATE of the table between the watermarks
+            events: list[ChangeEvent] = []
+        else:
+            skip = chunk.dirty | chunk.exclude
+            events = [e for k, e in rows.events.items() if k not in skip]
+        if not events:
+            self._finish(chunk, "empty")
+            return
+        size = len(events)
+        tx_id = f"snapshot-{chunk.request_id}-{chunk.number}"
+        now_us = time.time_ns() // 1000
+        position = mark.position
+        for event in events:
+            event.snapshot.request_id = chunk.request_id
+            event.snapshot.chunk = chunk.number
+        if chunk.last:
+            events[-1].snapshot.last = True
+
+        def stamp(event: ChangeEvent, index: int, n: int) -> ChangeEvent:
+            return self._stamp(event, index, n, position, tx_id, now_us)
+
+        chunk.published_rows = size
+        if chunk.before_publish is not None:
+            chunk.before_publish(chunk, position)
+        yield BEGIN
+        yield events
+        yield Commit(stamp, position, now_us, tx_id)
+        mark.published.append(True)
+        chunk.position = position
+        self._finish(chunk, "published")
+
+    @staticmethod
+    def _finish(chunk: Chunk, outcome: str) -> None:
+        chunk.outcome = outcome
+        chunk.done.set()
+
+    def _stamp(self, event: ChangeEvent, index: int, size: int, position: Position,
+               tx_id: str, ts_us: int) -> ChangeEvent:
+        """Transaction fields of a read event: ids depend on the watermark's position and the
+        index only, like those of the source's own transactions."""
+        event.tx_id = tx_id
+        event.tx_index = index
+        event.tx_size = size
+        event.tx_end = index == size - 1
+        event.position.CopyFrom(position)
+        event.position.event_index = index
+        event.ts_source_micros = ts_us
+        event.ts_captured_micros = ts_us
+        event.id = event_id(self.source_id, f"{position.tx_seq:X}", index, ts_us // 1000)
+        event.idempotency_key = idempotency_key(
+            self.tenant, event.database,
+            f"{event.schema}.{event.table}" if event.schema else event.table, tx_id, event.id)
+        return event

@@ -1,0 +1,377 @@
+"""The reading side of a snapshot: tables in chunks, progress, and recovery after a
+restart (the package docstring; docs/snapshots.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from tailrace.bus import BusReader
+from tailrace.config import PipelineSpec
+from tailrace.control_client import ControlClient
+from tailrace.errors import ConfigError, RetryableError
+from tailrace.events import decode_record
+from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
+from tailrace.proto.event_pb2 import Op, Position
+from tailrace_services.capture.metrics import CaptureMetrics
+from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan, key_of
+from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
+from tailrace_services.capture.snapshot.progress import ACTIVE, Progress, SnapshotProgress
+
+__all__ = ["SnapshotWorker"]
+
+log = get_logger(__name__)
+
+EPOCH_POLL_S = 0.1
+IDLE_POLL_S = 1.0
+SCAN_TIMEOUT_S = 60.0
+RETRY_S = 2.0
+FAILURES_BEFORE_FAILED = 3
+_READ = Op.OP_SNAPSHOT_READ
+
+
+class SnapshotWorker:
+    """Reads the tables the snapshot record asks for, one chunk at a time (module
+    docstring). Runs for one capture session; `stop()` ends it."""
+
+    def __init__(self, pipeline: PipelineSpec, control: ControlClient, source: ChunkSource,
+                 merger: SnapshotMerger, progress: SnapshotProgress,
+                 selected: dict[str, tuple[str, ...]], metrics: CaptureMetrics, *,
+                 on_all_done: Callable[[], None]) -> None:
+        self.pipeline = pipeline
+        self.control = control
+        self.source = source
+        self.merger = merger
+        self.progress = progress
+        self.selected = selected
+        self.mode = pipeline.spec.source.snapshot.mode
+        self.chunk_size = pipeline.spec.source.snapshot.chunk_size
+        self.on_all_done = on_all_done
+        self.metrics = metrics
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="snapshot", daemon=True)
+        self._added: deque[str] = deque()
+        self._exclude: dict[str, set[Key]] = {}  # keys on the bus already, per table
+
+    def start(self) -> None:
+        """Report the tables, settle what an earlier process left in flight, then read.
+        Call it before this session publishes anything: the bus after the latest epoch
+        must hold only what earlier processes wrote (`_recover`)."""
+        self._report_selected()
+        for entry in self.progress.read().tables:
+            if entry.inflight and entry.table in self.selected:
+                try:
+                    plan = self.source.plan(entry.table)
+                except ConfigError:
+                    continue  # the table's reading reports it
+                self._exclude[entry.table] = self._recover(entry, plan)[1]
+        self._thread.start()
+
+    def add_tables(self, tables: list[str]) -> None:
+        """Tables selected while streaming (thread-safe): reported, and under `initial`
+        snapshotted, by the worker's thread."""
+        self._added.extend(tables)
+
+    def _recover(self, entry: pb.SnapshotTable, plan: TablePlan
+                 ) -> tuple[pb.SnapshotTable, set[Key]]:
+        """Chunks were handed to the bus when capture stopped (`inflight`). Those in a
+        recorded epoch, or whole on the bus after it, are done, in chunk order: the cursor
+        moves past them. From the first one that is not, the table is read again, without
+        the keys of any in-flight chunk the bus holds."""
+        epoch = self.control.latest_epoch(self.pipeline.spec.source.id)
+        covered = epoch.position.tx_seq if epoch is not None else 0
+        chunks = sorted(entry.inflight, key=lambda c: c.chunk)
+        found = self._scan_bus(entry, plan, epoch, {c.tx_seq for c in chunks
+                                                    if c.tx_seq > covered})
+        done: list[pb.SnapshotChunk] = []
+        for chunk in chunks:
+            keys, size = found.get(chunk.tx_seq, (set(), 0))
+            whole = chunk.tx_seq <= covered or (size > 0 and len(keys) == size)
+            log.info("snapshot chunk found after a restart", table=entry.table,
+                     chunk=chunk.chunk, whole=whole,
+                     rows_on_bus="all (in a recorded epoch)" if chunk.tx_seq <= covered
+                     else len(keys))
+            if not whole:
+                break
+            done.append(chunk)
+        exclude: set[Key] = set()
+        for chunk in chunks[len(done):]:
+            exclude |= found.get(chunk.tx_seq, (set(), 0))[0]
+        fields: dict[str, object] = {"inflight": [],
+                                     "rows_done": entry.rows_done + len(exclude)
+                                     + sum(c.rows for c in done)}
+        if done:
+            fields.update(cursor=done[-1].cursor, chunks_done=done[-1].chunk)
+            if done[-1].last:
+                fields["state"] = pb.SNAPSHOT_DONE
+        updated = self._set(entry.table, entry.request_id, **fields)
+        return updated or entry, exclude
+
+    def _scan_bus(self, entry: pb.SnapshotTable, plan: TablePlan, epoch: pb.Epoch | None,
+                  positions: set[int]) -> dict[int, tuple[set[Key], int]]:
+        """Keys and transaction size of the read transactions at `positions` on the bus
+        after the latest epoch."""
+        found: dict[int, tuple[set[Key], int]] = {}
+        if not positions:
+            return found
+        bus = self.pipeline.spec.bus
+        with BusReader(bus.brokers, self.pipeline.bus_topic, client_config=bus.client_config,
+                       client_id=f"tailrace-capture-snapshot-{self.pipeline.spec.source.id}",
+                       committed_only=False) as reader:
+            for partition in range(bus.partitions):
+                # up to the end as it is now: the chunks were published by an earlier
+                # process, and the stream of this one keeps the end moving
+                start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
+                end = reader.end_offset(partition)
+                for _, values in reader.read_range(partition, start, end, SCAN_TIMEOUT_S):
+                    for value in values:
+                        record = decode_record(value)
+                        if record.WhichOneof("record") != "event":
+                            continue
+                        event = record.event
+                        if (event.op == _READ and event.position.tx_seq in positions
+                                and event.snapshot.request_id == entry.request_id):
+                            keys, _ = found.setdefault(event.position.tx_seq, (set(), 0))
+                            keys.add(key_of(event.after, plan.key_columns))
+                            found[event.position.tx_seq] = (keys, event.tx_size)
+        return found
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(10.0)
+        self.source.close()
+
+    def _report_selected(self) -> None:
+        """Tell the control service what capture selects (what requests are checked
+        against), and under `initial` queue every selected table never snapshotted."""
+        now = int(time.time() * 1000)
+
+        def edit(state: pb.SnapshotState) -> None:
+            del state.selected[:]
+            for table, keys in sorted(self.selected.items()):
+                state.selected.add(table=table, key_columns=list(keys))
+            if self.mode in ("initial", "initial_only"):
+                known = {t.table for t in state.tables}
+                for table, keys in sorted(self.selected.items()):
+                    if table in known:
+                        continue
+                    if not keys:
+                        state.tables.add(table=table, state=pb.SNAPSHOT_FAILED,
+                                         updated_unix_ms=now,
+                                         reason=f"{table} has no primary key to read it in "
+                                                "chunks by: add one")
+                        continue
+                    state.tables.add(table=table, state=pb.SNAPSHOT_PENDING,
+                                     requested_unix_ms=now, updated_unix_ms=now,
+                                     reason=f"snapshot.mode {self.mode}",
+                                     request_id=state.next_request_id)
+                    state.next_request_id += 1
+
+        self.progress.change(edit)
+
+    def _run(self) -> None:
+        """Tables one after the other; a table whose reading fails FAILURES_BEFORE_FAILED
+        times in a row is marked failed with the error (streaming goes on)."""
+        failures: dict[tuple[str, int], int] = {}
+        while not self._stopped.is_set():
+            try:
+                if self._added:
+                    while self._added:
+                        table = self._added.popleft()
+                        self.selected[table] = self.source.key_columns(table)
+                    self._report_selected()
+                state = self.progress.read()
+                todo = [t for t in state.tables if t.state in ACTIVE and t.table in self.selected]
+                if not todo:
+                    if self.mode == "initial_only":
+                        log.info("initial snapshot complete; stopping (snapshot.mode "
+                                 "initial_only)")
+                        self.on_all_done()
+                        return
+                    self._stopped.wait(IDLE_POLL_S)
+                    continue
+                entry = todo[0]
+            except Exception as e:  # noqa: BLE001 - the control service, briefly away
+                log.warning("snapshot reader waits for the control service", error=str(e))
+                self._stopped.wait(RETRY_S)
+                continue
+            try:
+                self._read_table(entry)
+            except Exception as e:  # noqa: BLE001 - counted, then the table is failed
+                if self._stopped.is_set():
+                    return
+                ident = (entry.table, entry.request_id)
+                failures[ident] = failures.get(ident, 0) + 1
+                log.error("snapshot of table failed", table=entry.table, error=str(e),
+                          attempt=failures[ident])
+                if failures[ident] >= FAILURES_BEFORE_FAILED:
+                    with contextlib.suppress(Exception):
+                        self._set(entry.table, entry.request_id, state=pb.SNAPSHOT_FAILED,
+                                  reason=f"{type(e).__name__}: {e}")
+                self._stopped.wait(RETRY_S)
+
+    def _read_table(self, entry: pb.SnapshotTable) -> None:
+        table, request_id = entry.table, entry.request_id
+        try:
+            plan = self.source.plan(table)
+        except ConfigError as e:
+            self._set(table, request_id, state=pb.SNAPSHOT_FAILED, reason=str(e))
+            return
+        exclude = self._exclude.pop(table, set())
+        if entry.inflight:  # this process's own, left by a failed read of the table:
+            # handed to this session's publisher, so an epoch will cover them
+            self._wait_on_bus(max(c.tx_seq for c in entry.inflight))
+            entry = self._recover(entry, plan)[0]
+            if entry.state not in ACTIVE:
+                return
+        self.merger.record(table, plan.key_columns)
+        try:
+            self.source.begin_table(plan)
+            now = int(time.time() * 1000)
+            self._set(table, request_id, state=pb.SNAPSHOT_RUNNING, rows_estimated=plan.estimate,
+                      **({"started_unix_ms": now} if entry.state == pb.SNAPSHOT_PENDING else {}))
+            progress = Progress(entry.rows_done, plan.estimate)
+            cursor = json.loads(entry.cursor) if entry.cursor else None
+            number = entry.chunks_done
+            pending: deque[pb.SnapshotChunk] = deque()  # on their way to the bus
+            while not self._stopped.is_set():
+                current = self.progress.table(self.progress.read(), table)
+                if current is None or current.request_id != request_id or \
+                        current.state not in ACTIVE:
+                    if current is not None and current.request_id == request_id:
+                        self._settle(table, request_id, pending, 0, progress)  # on the bus
+                    log.info("snapshot of table stopped", table=table,
+                             state=pb.SnapshotTableState.Name(current.state) if current else None)
+                    return
+                chunk = self._chunk(plan, cursor, request_id, number + 1, entry.where, exclude,
+                                    pending)
+                if chunk is None:
+                    continue  # discarded: read it again
+                number, exclude = number + 1, set()
+                cursor = chunk.cursor if chunk.cursor is not None else cursor
+                if chunk.published_rows:
+                    pending.append(pb.SnapshotChunk(
+                        chunk=number, cursor=json.dumps(cursor) if cursor else "",
+                        tx_seq=chunk.position.tx_seq if chunk.position else 0,
+                        rows=chunk.published_rows, last=chunk.last))
+                else:  # nothing published: done once those before it are
+                    self._settle(table, request_id, pending, 0, progress)
+                    self._done(table, request_id, pb.SnapshotChunk(
+                        chunk=number, cursor=json.dumps(cursor) if cursor else "",
+                        last=chunk.last), progress)
+                    if chunk.last:
+                        return
+                    continue
+                # the next chunk is read while this one travels; at most two on their way
+                self._settle(table, request_id, pending, 1 if not chunk.last else 0,
+                             progress)
+                if chunk.last and not pending:
+                    return
+        finally:
+            self.merger.forget(table)
+
+    def _settle(self, table: str, request_id: int, pending: deque[pb.SnapshotChunk],
+                keep: int, progress: Progress | None = None) -> None:
+        """Store the cursor of pending chunks once an epoch covers them, until at most
+        `keep` are left pending."""
+        while len(pending) > keep:
+            self._wait_on_bus(pending[0].tx_seq)
+            self._done(table, request_id, pending.popleft(), progress)
+
+    def _done(self, table: str, request_id: int, chunk: pb.SnapshotChunk,
+              progress: Progress | None) -> None:
+        if progress is not None:
+            progress.add(chunk.rows)
+        fields: dict[str, object] = {"cursor": chunk.cursor, "chunks_done": chunk.chunk}
+        if progress is not None:
+            fields.update(rows_done=progress.rows, rows_per_s=progress.rate)
+            self.metrics.snapshot_progress(table, chunk.rows, progress.estimate, progress.rate)
+        if chunk.last:
+            fields["state"] = pb.SNAPSHOT_DONE
+
+        def edit(entry: pb.SnapshotTable) -> None:
+            kept = [c for c in entry.inflight if c.chunk > chunk.chunk]
+            del entry.inflight[:]
+            entry.inflight.extend(kept)
+
+        self._set(table, request_id, edit, **fields)
+        if progress is not None and (progress.log_due() or chunk.last):
+            log.info("snapshot progress", table=table, rows_done=progress.rows,
+                     rows_estimated=progress.estimate, rows_per_s=round(progress.rate),
+                     chunks=chunk.chunk, done=chunk.last)
+
+    def _chunk(self, plan: TablePlan, cursor: list[str] | None, request_id: int, number: int,
+               where: str, exclude: set[Key], pending: deque[pb.SnapshotChunk]
+               ) -> Chunk | None:
+        """Read and merge one chunk: the chunk once the stream passed its high watermark,
+        or None when it was discarded (read it again)."""
+        token = f"{self.pipeline.spec.source.id}:{request_id}:{plan.table}:{number}:" \
+                f"{time.time_ns()}"
+        chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude)
+        self.merger.open(token, chunk)
+        try:
+            rows = self.source.read_chunk(plan, cursor, self.chunk_size, where, token)
+            chunk.last = not rows.more
+            chunk.cursor = rows.cursor
+
+            def in_flight(chunk: Chunk, position: Position) -> None:
+                """Before the read transaction is published: what a restart looks for."""
+                after = chunk.cursor if chunk.cursor is not None else cursor
+                record = pb.SnapshotChunk(chunk=number, cursor=json.dumps(after) if after
+                                          else "", tx_seq=position.tx_seq,
+                                          rows=chunk.published_rows, last=chunk.last)
+                self._set(plan.table, request_id, lambda entry: entry.inflight.append(record))
+
+            chunk.before_publish = in_flight
+            self.merger.fill(token, rows)
+            self.source.write_high(token)
+        except BaseException:
+            self.merger.abandon(token)
+            raise
+        while not chunk.done.wait(0.5):
+            if self._stopped.is_set():
+                self.merger.abandon(token)
+                return None
+        if chunk.outcome == "discarded":
+            self.metrics.chunks_read_again.inc()
+            return None
+        return chunk
+
+    def _wait_on_bus(self, tx_seq: int) -> None:
+        """Until an epoch recorded in the control service covers `tx_seq` (the read
+        transaction is on the bus whole)."""
+        source_id = self.pipeline.spec.source.id
+        while not self._stopped.is_set():
+            epoch = self.control.latest_epoch(source_id)
+            if epoch is not None and epoch.position.tx_seq >= tx_seq:
+                return
+            self._stopped.wait(EPOCH_POLL_S)
+        raise RetryableError("capture stopped before a snapshot chunk was on the bus")
+
+    def _set(self, table: str, request_id: int,
+             edit: Callable[[pb.SnapshotTable], None] | None = None, /,
+             **fields: object) -> pb.SnapshotTable | None:
+        """Change the table's entry (not its state once an operator cancelled it; nothing
+        once the table was requested again); returns it as stored."""
+        now = int(time.time() * 1000)
+
+        def change(state: pb.SnapshotState) -> None:
+            entry = self.progress.table(state, table)
+            if entry is None or entry.request_id != request_id:
+                return
+            cancelled = entry.state not in ACTIVE  # meanwhile: keep the operator's word
+            for name, value in fields.items():
+                if name == "inflight":
+                    del entry.inflight[:]
+                elif not (cancelled and name == "state"):
+                    setattr(entry, name, value)
+            if edit is not None:
+                edit(entry)
+            entry.updated_unix_ms = now
+
+        return self.progress.table(self.progress.change(change), table)

@@ -1,0 +1,202 @@
+"""Binlog row values -> typed `Value`s, exactly (`tailrace.events.value_of` does the wrapping).
+
+What `mysql-replication` hands us, and what we make of it:
+
+- integers: unsigned columns arrive unsigned (`bigint unsigned` up to 2^64-1,
+  carried as `uint_value` past 2^63);
+- DECIMAL: `decimal.Decimal`, kept as exact text;
+- FLOAT: a 4-byte float widened to a double (1.1 -> 1.100000023841858); we
+  give back the shortest decimal that is the same float32 (1.1);
+- DATETIME(n): a naive datetime, wall-clock time without zone
+  (`with_zone=False`);
+- TIMESTAMP(n): the binlog stores seconds since the epoch (UTC), whatever the
+  session time_zone was; we emit an aware UTC datetime (`with_zone=True`);
+- TIME: a signed interval (`time_value` microseconds, may be negative or > 24h);
+- DATE / DATETIME zero values (`0000-00-00`) have no date: NULL;
+- YEAR: the year; `0000` stays 0 (the library reads it as 1900);
+- JSON: MySQL's binary JSON is parsed by the library -> compact JSON text;
+  MariaDB's JSON is text, kept verbatim;
+- ENUM: the label ('' for the invalid-value index 0); SET: the members in
+  definition order joined by ',' ('' for the empty set, which the library
+  reports as NULL);
+- BIT(1): bool; BIT(n): unsigned integer;
+- BINARY(n): the library strips the trailing 0x00 padding; it is put back;
+- MariaDB UUID: a `uuid`; INET6/INET4: the address as text (`::ffff:1.2.3.4`
+  for mapped IPv4, as MariaDB prints it);
+- character columns: str, decoded with the column's charset; binary ones bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import struct
+import uuid
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any, Protocol
+
+from pymysqlreplication.constants import FIELD_TYPE
+
+from tailrace.events import Column, Row, value_of
+from tailrace.events._values import Json
+
+__all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
+
+
+class ColumnShape(Protocol):
+    """What converting needs of a column (`schema.ColumnShape`, which builds RowDecoders)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...  # normalised type name
+    @property
+    def field_type(self) -> int: ...  # binlog FIELD_TYPE
+    @property
+    def max_length(self) -> int: ...
+    @property
+    def set_values(self) -> tuple[str, ...]: ...
+
+
+class TableShape(Protocol):
+    @property
+    def columns(self) -> Sequence[ColumnShape]: ...
+
+Converter = Callable[[Any], Any]
+
+_EMPTY_SET = "empty set"
+
+
+def _identity(v: Any) -> Any:
+    return v
+
+
+def _float32(v: float) -> float:
+    packed = struct.pack("<f", v)
+    for digits in range(6, 10):
+        candidate = float(f"{v:.{digits}g}")
+        if struct.pack("<f", candidate) == packed:
+            return candidate
+    return v
+
+
+def _timestamp(v: dt.datetime) -> dt.datetime:
+    return v.replace(tzinfo=dt.UTC)
+
+
+def _year(v: int) -> int:
+    return 0 if v == 1900 else v  # YEAR 0000 is stored as 0, read as 0 + 1900
+
+
+def _json_text(v: Any) -> Json:
+    if isinstance(v, str):
+        return Json(v)
+
+    def plain(o: Any) -> Any:
+        if isinstance(o, bytes):
+            return o.decode("utf-8", "replace")
+        if isinstance(o, dict):
+            return {plain(k): plain(x) for k, x in o.items()}
+        if isinstance(o, list | tuple):
+            return [plain(x) for x in o]
+        if isinstance(o, Decimal):
+            return float(o) if o != o.to_integral_value() else int(o)
+        return o
+
+    return Json(json.dumps(plain(v), separators=(",", ":"), ensure_ascii=False, default=str))
+
+
+def _padder(length: int) -> Converter:
+    def pad(v: bytes) -> bytes:
+        return v.ljust(length, b"\x00") if isinstance(v, bytes) else v
+    return pad
+
+
+def _uuid(v: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=bytes(v).ljust(16, b"\x00"))
+
+
+def _inet6(v: bytes) -> str:
+    addr = ipaddress.IPv6Address(bytes(v).ljust(16, b"\x00"))
+    mapped = addr.ipv4_mapped
+    return f"::ffff:{mapped}" if mapped is not None else str(addr)
+
+
+def _inet4(v: bytes) -> str:
+    return str(ipaddress.IPv4Address(bytes(v).ljust(4, b"\x00")))
+
+
+def _bits(single: bool) -> Converter:
+    def convert(v: str) -> int | bool:
+        n = int(v, 2) if v else 0
+        return bool(n) if single else n
+    return convert
+
+
+def _set(values: tuple[str, ...]) -> Converter:
+    order = {name: i for i, name in enumerate(values)}
+
+    def convert(v: set[str] | str) -> str:
+        if isinstance(v, str):
+            return v
+        return ",".join(sorted(v, key=lambda name: order.get(name, len(order))))
+    return convert
+
+
+def converter_for(column: ColumnShape) -> Converter:
+    """How to turn the library's value for this column into ours (None stays None)."""
+    t, name = column.field_type, column.type
+    if name == "uuid":
+        return _uuid
+    if name == "inet6":
+        return _inet6
+    if name == "inet4":
+        return _inet4
+    if name == "json":
+        return _json_text
+    if t == FIELD_TYPE.FLOAT:
+        return _float32
+    if t in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2):
+        return _timestamp
+    if t == FIELD_TYPE.YEAR:
+        return _year
+    if t == FIELD_TYPE.BIT:
+        return _bits(name == "bit(1)")
+    if t == FIELD_TYPE.SET:
+        return _set(column.set_values)
+    if t == FIELD_TYPE.STRING and name == "binary" and column.max_length:
+        return _padder(column.max_length)
+    return _identity
+
+
+class RowDecoder:
+    """The converters of one table shape, built once and reused for its rows."""
+
+    def __init__(self, shape: TableShape) -> None:
+        self.shape = shape
+        self._columns = [(c.name, c.type, converter_for(c), c.field_type == FIELD_TYPE.SET)
+                         for c in shape.columns]
+
+    def row(self, values: dict[str, Any] | None, none_sources: dict[str, str] | None = None,
+            only: set[str] | None = None) -> Row:
+        if values is None:
+            return Row()
+        none_sources = none_sources or {}
+        cols = []
+        for name, type_name, convert, is_set in self._columns:
+            if only is not None and name not in only:
+                continue
+            v = values.get(name)
+            if v is None:
+                value = "" if is_set and none_sources.get(name) == _EMPTY_SET else None
+            else:
+                value = convert(v)
+            cols.append(Column(name=name, type=type_name, value=value_of(value)))
+        return Row(columns=cols)
+
+
+def make_row(shape: TableShape, values: dict[str, Any] | None,
+             none_sources: dict[str, str] | None = None) -> Row:
+    return RowDecoder(shape).row(values, none_sources)

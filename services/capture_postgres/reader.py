@@ -1,0 +1,411 @@
+"""Parser of the pgoutput logical replication protocol, version 1.
+
+The payload of each XLogData message is one pgoutput message. Relation ('R') and
+Type ('Y') messages describe tables and custom types before the first change that
+needs them, once per session (again after a DDL); `PgOutputDecoder` keeps them so
+that Insert/Update/Delete can name their columns and convert their values.
+
+Column values (see `values.py`): NULL is None; a TOASTed value the server did not
+send because it did not change is `tailrace.events.UNCHANGED_TOAST` (never None).
+An old tuple of kind 'K' (replica identity DEFAULT or USING INDEX) carries only the
+key columns: its other columns are None, which means "not sent", not NULL; the
+`old_is_key_only` flag says which kind it is.
+
+Timestamps (`commit_ts_us`) are converted from the PostgreSQL epoch (2000-01-01)
+to Unix microseconds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailrace.events import UNCHANGED_TOAST
+from tailrace_services.capture_postgres.values import ARRAY_ELEMENTS, Converter, converter_for
+
+__all__ = [
+    "Begin",
+    "Commit",
+    "Delete",
+    "Insert",
+    "LogicalMessage",
+    "Message",
+    "Origin",
+    "PgOutputDecoder",
+    "Relation",
+    "RelationColumn",
+    "Truncate",
+    "TypeInfo",
+    "Update",
+    "format_type",
+]
+
+PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 00:00:00 UTC in Unix microseconds
+
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">bQQq")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_COLUMN = struct.Struct(">Ii")
+_TRUNCATE = struct.Struct(">IB")
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int
+    commit_ts_us: int
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    lsn: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalMessage:
+    """`pg_logical_emit_message` output (sent with the `messages` option): snapshot
+    watermarks are non-transactional ones with the prefix `tailrace`."""
+
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TypeInfo:
+    """A non-built-in type (enum, domain, composite, their arrays) used by a column."""
+
+    oid: int
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelationColumn:
+    name: str
+    type_oid: int
+    type_modifier: int
+    is_key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """A table as the stream describes it; `namespace` is the schema ('' for pg_catalog)."""
+
+    oid: int
+    namespace: str
+    name: str
+    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[RelationColumn, ...]
+    types: Mapping[int, TypeInfo] = field(default_factory=dict, repr=False, compare=False)
+    converters: tuple[Converter, ...] = field(init=False, repr=False, compare=False)
+    type_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """Readable SQL type of each column, as `format_type` prints it (no round-trip)."""
+
+    def __post_init__(self) -> None:
+        converters = tuple(
+            converter_for(c.type_oid, _custom_name(self.types, c.type_oid)) for c in self.columns
+        )
+        object.__setattr__(self, "converters", converters)
+        names = tuple(format_type(c.type_oid, c.type_modifier, self.types) for c in self.columns)
+        object.__setattr__(self, "type_names", names)
+
+    def type_name(self, index: int) -> str:
+        """Readable SQL type of column `index`, as `format_type` prints it (no round-trip)."""
+        return self.type_names[index]
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relation: Relation
+    new: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """`old` is None unless the key changed or the replica identity is FULL."""
+
+    relation: Relation
+    old: list[Any] | None
+    old_is_key_only: bool
+    new: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relation: Relation
+    old: list[Any]
+    old_is_key_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    relations: list[Relation]
+    cascade: bool
+    restart_identity: bool
+
+
+Message = (Begin | Commit | Origin | Relation | TypeInfo | Insert | Update | Delete | Truncate
+           | LogicalMessage)
+
+
+class PgOutputDecoder:
+    """Decodes pgoutput v1 payloads; holds the relations and custom types seen so far.
+
+    Keep one per stream. After a reconnect the server sends every Relation again
+    before its first change, so a fresh decoder and a reused one both work.
+    """
+
+    def __init__(self) -> None:
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, TypeInfo] = {}
+
+    def decode(self, payload: bytes) -> Message | None:
+        """One pgoutput message."""
+        kind = payload[0]
+        if kind == 0x49:  # 'I'
+            relation = self._relation(payload)
+            if payload[5] != 0x4E:  # 'N'
+                raise ValueError(f"insert without a new tuple: {payload[:8]!r}")
+            new, _ = self._tuple(payload, 6, relation)
+            return Insert(relation, new)
+        if kind == 0x55:  # 'U'
+            return self._update(payload)
+        if kind == 0x44:  # 'D'
+            relation = self._relation(payload)
+            old, _ = self._tuple(payload, 6, relation)
+            return Delete(relation, old, payload[5] == 0x4B)
+        if kind == 0x42:  # 'B'
+            final_lsn, ts, xid = _BEGIN.unpack_from(payload, 1)
+            return Begin(final_lsn, ts + PG_EPOCH_US, xid)
+        if kind == 0x43:  # 'C'
+            flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(payload, 1)
+            return Commit(flags, commit_lsn, end_lsn, ts + PG_EPOCH_US)
+        if kind == 0x52:  # 'R'
+            return self._relation_message(payload)
+        if kind == 0x59:  # 'Y'
+            (oid,) = _U32.unpack_from(payload, 1)
+            namespace, pos = _string(payload, 5)
+            name, _ = _string(payload, pos)
+            info = TypeInfo(oid, namespace, name)
+            self.types[oid] = info
+            return info
+        if kind == 0x4F:  # 'O'
+            (lsn,) = _U64.unpack_from(payload, 1)
+            return Origin(lsn, _string(payload, 9)[0])
+        if kind == 0x54:  # 'T'
+            return self._truncate(payload)
+        if kind == 0x4D:  # 'M'
+            flags = payload[1]
+            (lsn,) = _U64.unpack_from(payload, 2)
+            prefix, pos = _string(payload, 10)
+            (length,) = _U32.unpack_from(payload, pos)
+            return LogicalMessage(bool(flags & 1), lsn, prefix,
+                                  bytes(payload[pos + 4 : pos + 4 + length]))
+        raise ValueError(
+            f"unknown pgoutput message type {chr(kind)!r}: is the stream using proto_version '1'?"
+        )
+
+    def _relation(self, payload: bytes) -> Relation:
+        (oid,) = _U32.unpack_from(payload, 1)
+        try:
+            return self.relations[oid]
+        except KeyError:
+            raise ValueError(
+                f"change for relation oid {oid} before its Relation message: "
+                "restart the stream from the slot"
+            ) from None
+
+    def _relation_message(self, payload: bytes) -> Relation:
+        (oid,) = _U32.unpack_from(payload, 1)
+        namespace, pos = _string(payload, 5)
+        name, pos = _string(payload, pos)
+        identity = chr(payload[pos])
+        (count,) = _U16.unpack_from(payload, pos + 1)
+        pos += 3
+        columns = []
+        for _ in range(count):
+            flags = payload[pos]
+            column_name, pos = _string(payload, pos + 1)
+            type_oid, modifier = _COLUMN.unpack_from(payload, pos)
+            pos += 8
+            columns.append(RelationColumn(column_name, type_oid, modifier, bool(flags & 1)))
+        relation = Relation(oid, namespace, name, identity, tuple(columns), dict(self.types))
+        self.relations[oid] = relation
+        return relation
+
+    def _update(self, payload: bytes) -> Update:
+        relation = self._relation(payload)
+        marker = payload[5]
+        old = None
+        pos = 6
+        if marker in (0x4B, 0x4F):  # 'K' key only, 'O' whole old row
+            old, pos = self._tuple(payload, 6, relation)
+            if payload[pos] != 0x4E:
+                raise ValueError(f"update without a new tuple in {relation.name}")
+            pos += 1
+        elif marker != 0x4E:
+            raise ValueError(f"unexpected update tuple marker {chr(marker)!r}")
+        new, _ = self._tuple(payload, pos, relation)
+        return Update(relation, old, marker == 0x4B, new)
+
+    def _truncate(self, payload: bytes) -> Truncate:
+        count, options = _TRUNCATE.unpack_from(payload, 1)
+        oids = struct.unpack_from(f">{count}I", payload, 6)
+        relations = []
+        for oid in oids:
+            relation = self.relations.get(oid)
+            if relation is None:
+                raise ValueError(f"truncate of relation oid {oid} before its Relation message")
+            relations.append(relation)
+        return Truncate(relations, bool(options & 1), bool(options & 2))
+
+    @staticmethod
+    def _tuple(payload: bytes, pos: int, relation: Relation) -> tuple[list[Any], int]:
+        """TupleData at `pos`: values converted per column; returns them and the end."""
+        (count,) = _U16.unpack_from(payload, pos)
+        pos += 2
+        converters = relation.converters
+        if count != len(converters):
+            raise ValueError(
+                f"tuple of {relation.namespace}.{relation.name} has {count} columns,"
+                f" its Relation message {len(converters)}"
+            )
+        unpack_len = _U32.unpack_from
+        values: list[Any] = []
+        append = values.append
+        for index in range(count):
+            kind = payload[pos]
+            if kind == 0x74:  # 't': text
+                (length,) = unpack_len(payload, pos + 1)
+                pos += 5
+                raw = payload[pos : pos + length]
+                pos += length
+                try:
+                    append(converters[index](raw.decode()))
+                except (ValueError, ArithmeticError) as exc:
+                    raise ValueError(
+                        f"cannot decode {relation.name}.{relation.columns[index].name}"
+                        f" ({relation.type_name(index)}) from {raw[:80]!r}: {exc}"
+                    ) from exc
+            elif kind == 0x6E:  # 'n': NULL
+                append(None)
+                pos += 1
+            elif kind == 0x75:  # 'u': unchanged TOAST
+                append(UNCHANGED_TOAST)
+                pos += 1
+            else:
+                raise ValueError(
+                    f"unsupported tuple value kind {chr(kind)!r} in {relation.name}:"
+                    " binary mode is not requested by proto_version '1'"
+                )
+        return values, pos
+
+
+def _string(payload: bytes, pos: int) -> tuple[str, int]:
+    end = payload.index(b"\0", pos)
+    return payload[pos:end].decode(), end + 1
+
+
+def _custom_name(types: Mapping[int, TypeInfo], oid: int) -> str | None:
+    info = types.get(oid)
+    return info.name if info is not None else None
+
+
+# -- type names ----------------------------------------------------------------------
+
+# format_type() of the built-in scalar types (pg_type OIDs below 10000).
+_TYPE_NAMES: dict[int, str] = {
+    16: "boolean", 17: "bytea", 18: '"char"', 19: "name", 20: "bigint", 21: "smallint",
+    22: "int2vector", 23: "integer", 24: "regproc", 25: "text", 26: "oid", 27: "tid",
+    28: "xid", 29: "cid", 30: "oidvector", 114: "json", 142: "xml", 194: "pg_node_tree",
+    600: "point", 601: "lseg", 602: "path", 603: "box", 604: "polygon", 628: "line",
+    650: "cidr", 700: "real", 701: "double precision", 705: "unknown", 718: "circle",
+    774: "macaddr8", 790: "money", 829: "macaddr", 869: "inet", 1033: "aclitem",
+    1042: "character", 1043: "character varying", 1082: "date",
+    1083: "time without time zone", 1114: "timestamp without time zone",
+    1184: "timestamp with time zone", 1186: "interval", 1266: "time with time zone",
+    1560: "bit", 1562: "bit varying", 1700: "numeric", 1790: "refcursor",
+    2202: "regprocedure", 2203: "regoper", 2204: "regoperator", 2205: "regclass",
+    2206: "regtype", 2249: "record", 2275: "cstring", 2950: "uuid", 2970: "txid_snapshot",
+    3220: "pg_lsn", 3614: "tsvector", 3615: "tsquery", 3642: "gtsvector", 3734: "regconfig",
+    3769: "regdictionary", 3802: "jsonb", 3904: "int4range", 3906: "numrange",
+    3908: "tsrange", 3910: "tstzrange", 3912: "daterange", 3926: "int8range",
+    4072: "jsonpath", 4089: "regnamespace", 4096: "regrole", 4191: "regcollation",
+    4451: "int4multirange", 4532: "nummultirange", 4533: "tsmultirange",
+    4534: "tstzmultirange", 4535: "datemultirange", 4536: "int8multirange",
+    5038: "pg_snapshot", 5069: "xid8",
+}  # fmt: skip
+
+# Interval field masks (1 << YEAR etc. from datetime.h) -> the words typmodout prints.
+_INTERVAL_FIELDS: dict[int, str] = {
+    1 << 2: " year", 1 << 1: " month", 1 << 3: " day", 1 << 10: " hour",
+    1 << 11: " minute", 1 << 12: " second", (1 << 2) | (1 << 1): " year to month",
+    (1 << 3) | (1 << 10): " day to hour", (1 << 3) | (1 << 10) | (1 << 11): " day to minute",
+    (1 << 3) | (1 << 10) | (1 << 11) | (1 << 12): " day to second",
+    (1 << 10) | (1 << 11): " hour to minute", (1 << 10) | (1 << 11) | (1 << 12): " hour to second",
+    (1 << 11) | (1 << 12): " minute to second", 0x7FFF: "",
+}  # fmt: skip
+
+
+def _with_precision(name: str, precision: int) -> str:
+    """`timestamp with time zone`, 3 -> `timestamp(3) with time zone`."""
+    head, _, tail = name.partition(" ")
+    return f"{head}({precision}) {tail}".rstrip()
+
+
+def _modified(oid: int, name: str, typmod: int) -> str:
+    if oid == 1700:  # numeric: ((precision << 16) | scale) + 4, scale an 11-bit signed int
+        value = typmod - 4
+        scale = ((value & 0x7FF) ^ 1024) - 1024
+        return f"numeric({(value >> 16) & 0xFFFF},{scale})"
+    if oid in (1042, 1043):  # character, character varying: length + 4
+        return f"{name}({typmod - 4})"
+    if oid in (1560, 1562):  # bit, bit varying: the length itself
+        return f"{name}({typmod})"
+    if oid in (1083, 1114, 1184, 1266):  # time(stamp) precision
+        return _with_precision(name, typmod)
+    if oid == 1186:  # interval: (fields << 16) | precision, 0xFFFF = no precision
+        fields, precision = (typmod >> 16) & 0x7FFF, typmod & 0xFFFF
+        text = "interval" + _INTERVAL_FIELDS.get(fields, "")
+        return text if precision == 0xFFFF else f"{text}({precision})"
+    return name
+
+
+def format_type(
+    type_oid: int, type_modifier: int = -1, types: Mapping[int, TypeInfo] | None = None
+) -> str:
+    """Readable SQL type, like PostgreSQL's `format_type(oid, typmod)`.
+
+    Custom types come from the Type messages in `types`; they are schema-qualified
+    unless in `public`. An unknown OID prints as `oid:<n>`.
+    """
+    element = ARRAY_ELEMENTS.get(type_oid)
+    if element is not None:
+        return format_type(element, type_modifier, types) + "[]"
+    name = _TYPE_NAMES.get(type_oid)
+    if name is not None:
+        return name if type_modifier < 0 else _modified(type_oid, name, type_modifier)
+    info = (types or {}).get(type_oid)
+    if info is None:
+        return f"oid:{type_oid}"
+    base, suffix = info.name, ""
+    if base.startswith("_"):  # the array type of a custom type
+        base, suffix = base[1:], "[]"
+    if info.namespace not in ("", "public", "pg_catalog"):
+        base = f"{info.namespace}.{base}"
+    return base + suffix

@@ -1,0 +1,247 @@
+"""PostgreSQL's side of a snapshot: watermarks through `pg_logical_emit_message`, chunks
+read in key order in a REPEATABLE READ transaction (docs/snapshots.md).
+
+A chunk, on its own connection:
+
+1. the low watermark, a non-transactional logical message: in the WAL right away;
+2. `BEGIN ISOLATION LEVEL REPEATABLE READ`, the snapshot (`pg_current_snapshot()`), and
+   `SELECT ... WHERE (key) > (cursor) [AND (where)] ORDER BY key LIMIT n` in it; values
+   come back as the server's text, converted like pgoutput's (so a key read here and
+   the same key streamed compare equal);
+3. the transactions the snapshot saw as running (`ChunkRows.hidden`): PostgreSQL makes
+   a commit visible a moment after its WAL record, so such a transaction can sit before
+   the low watermark in the stream and still be invisible to the read; the merger
+   removes the keys of those it saw before the watermark. One it did not see while it
+   recorded the table and that has committed by now (`pg_xact_status`) may be such a
+   transaction too: the chunk is read again;
+4. after COMMIT, the high watermark.
+
+Why this order: a transaction whose commit is in the WAL before the low watermark was
+assigned its xid before the snapshot, so the snapshot either sees it or lists it as
+running (step 3). Taking the snapshot first would miss one that starts and commits
+between the snapshot and the watermark — not visible, not listed, yet before the
+watermark in the stream: its change would be followed by an older read.
+
+Values are converted by `values.py` through a `Relation` built from the catalog, with
+the same key columns the stream's events get (`schema.choose_key`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.string import TextLoader
+
+from tailrace.errors import ConfigError
+from tailrace.events import ChangeEvent, Op
+from tailrace_services.capture.snapshot import (
+    WATERMARK_PREFIX,
+    ChunkRows,
+    Key,
+    TablePlan,
+    key_of,
+    watermark_content,
+)
+from tailrace_services.capture_postgres.connection import connect
+from tailrace_services.capture_postgres.events import fill_row
+from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
+from tailrace_services.capture_postgres.schema import choose_key
+
+__all__ = ["PostgresChunks"]
+
+_FIRST_USER_OID = 16384
+COUNT_BELOW_BYTES = 256 * 1024 * 1024
+COMMIT_WAIT_S = 5.0  # an unanalyzed table's rows are counted up to this size
+
+_COLUMNS = """
+SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid::int, a.atttypmod,
+       pg_catalog.format_type(a.atttypid, a.atttypmod), tn.nspname::text, t.typname::text,
+       coalesce(a.attnum = ANY(ri.indkey), false), coalesce(a.attnum = ANY(pk.indkey), false),
+       c.reltuples::bigint
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                     AND a.attgenerated = ''
+  JOIN pg_type t ON t.oid = a.atttypid
+  JOIN pg_namespace tn ON tn.oid = t.typnamespace
+  LEFT JOIN pg_index pk ON pk.indrelid = c.oid AND pk.indisprimary
+  LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND
+       CASE WHEN c.relreplident = 'i' THEN ri.indisreplident ELSE ri.indisprimary END
+ WHERE n.nspname = %s AND c.relname = %s
+ ORDER BY a.attnum"""
+
+
+def _precedes(xmin: int) -> Callable[[str], bool]:
+    """Whether a streamed transaction id (32 bits) is older than `xmin`: no later snapshot
+    can list it as running."""
+    low = xmin & 0xFFFFFFFF
+
+    def older(tx_id: str) -> bool:
+        return ((int(tx_id) - low) & 0xFFFFFFFF) >= 0x80000000
+
+    return older
+
+
+class _Table:
+    """What reading one table needs: its Relation, key and the SQL types of its columns."""
+
+    def __init__(self, schema: str, name: str, rows: list[tuple[Any, ...]]) -> None:
+        self.schema, self.name = schema, name
+        types = {r[3]: TypeInfo(r[3], r[6], r[7]) for r in rows if r[3] >= _FIRST_USER_OID}
+        self.relation = Relation(
+            rows[0][0], schema, name, rows[0][1],
+            tuple(RelationColumn(r[2], r[3], r[4], bool(r[8])) for r in rows), types)
+        self.sql_types = {r[2]: r[5] for r in rows}
+        self.keys = tuple(choose_key(self.relation, [r[2] for r in rows if r[9]]))
+        self.estimate = int(rows[0][10])  # -1: never analyzed
+
+
+class PostgresChunks:
+    """`ChunkSource` for PostgreSQL (module docstring); one connection, used by the
+    snapshot worker's thread only."""
+
+    def __init__(self, dsn: str, source_id: str, tenant: str, database: str) -> None:
+        self.dsn = dsn
+        self.source_id = source_id
+        self.tenant = tenant
+        self.database = database
+        self._conn: psycopg.Connection[Any] | None = None
+        self._tables: dict[str, _Table] = {}
+        self._unsafe_below = 0  # xids below this may predate the merger's recording
+        self._long_running: set[int] = set()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.dsn)
+        return self._conn
+
+    def _table(self, table: str) -> _Table:
+        found = self._tables.get(table)
+        if found is None:
+            schema, _, name = table.partition(".")
+            rows = self._connection().execute(_COLUMNS, (schema, name)).fetchall()
+            if not rows:
+                raise ConfigError(f"table {table} does not exist (any more)")
+            found = self._tables[table] = _Table(schema, name, rows)
+        return found
+
+    def key_columns(self, table: str) -> tuple[str, ...]:
+        return self._table(table).keys
+
+    def plan(self, table: str) -> TablePlan:
+        self._tables.pop(table, None)  # the catalog as it is now
+        found = self._table(table)
+        if not found.keys:
+            raise ConfigError(f"{table} has no primary key (or replica identity index) to read "
+                              "it in chunks by: add one")
+        estimate = found.estimate
+        if estimate < 0:  # never analyzed: count, unless that would take long
+            query = sql.SQL("SELECT CASE WHEN pg_relation_size({oid}) < {limit} THEN "
+                            "(SELECT count(*) FROM {schema}.{name}) ELSE "
+                            "pg_relation_size({oid}) / 100 END").format(
+                oid=sql.Literal(found.relation.oid), limit=sql.Literal(COUNT_BELOW_BYTES),
+                schema=sql.Identifier(found.schema), name=sql.Identifier(found.name))
+            row = self._connection().execute(query).fetchone()
+            estimate = int(row[0]) if row else 0
+        return TablePlan(table, found.keys, estimate)
+
+    def begin_table(self, plan: TablePlan) -> None:
+        row = self._connection().execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        self._unsafe_below = int(row[0])
+        self._long_running = set()
+
+    def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
+                   token: str) -> ChunkRows:
+        table = self._table(plan.table)
+        conn = self._connection()
+        columns = table.relation.columns
+        reader = conn.cursor()
+        for column in columns:  # the server's text for every column, as pgoutput sends it
+            reader.adapters.register_loader(column.type_oid, TextLoader)
+        keys = [sql.Identifier(k) for k in table.keys]
+        query = sql.SQL("SELECT {} FROM {}.{}").format(
+            sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
+            sql.Identifier(table.schema), sql.Identifier(table.name))
+        conditions: list[sql.Composable] = []
+        params: list[Any] = []
+        if after is not None:
+            conditions.append(sql.SQL("({}) > ({})").format(
+                sql.SQL(", ").join(keys),
+                sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(table.sql_types[k]))
+                                   for k in table.keys)))
+            params.extend(after)
+        if where:
+            conditions.append(sql.SQL("({})").format(sql.SQL(where)))  # noqa: S608 - an admin's filter, parsed by control
+        if conditions:
+            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conditions))
+        query = sql.SQL("{} ORDER BY {} LIMIT {}").format(
+            query, sql.SQL(", ").join(keys), sql.Literal(limit + 1))  # one more: is it the end?
+        conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                     (WATERMARK_PREFIX, watermark_content(token, high=False)))
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        try:
+            snapshot = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+            assert snapshot is not None
+            raw_rows = reader.execute(query, params).fetchall()
+            more = len(raw_rows) > limit
+            del raw_rows[limit:]
+            xmin, xmax, xip = snapshot[0].split(":")
+            running = [int(x) for x in xip.split(",") if x]
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        older = self._settled([x for x in running if x < self._unsafe_below])
+        events: dict[Key, ChangeEvent] = {}
+        converters = table.relation.converters
+        key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in table.keys]
+        for raw in raw_rows:
+            values = [conv(v) if v is not None else None for conv, v in zip(converters, raw,
+                                                                             strict=True)]
+            event = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
+                                database=self.database, schema=table.schema, table=table.name,
+                                op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
+            fill_row(event.after, table.relation, values)
+            events[key_of(event.after, table.keys)] = event
+        cursor = [raw_rows[-1][i] for i in key_index] if raw_rows else None
+        return ChunkRows(events, cursor, more,
+                         hidden={str(x & 0xFFFFFFFF) for x in running},
+                         hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},
+                         forgettable=_precedes(int(xmin)))
+
+    def _settled(self, xids: list[int]) -> list[int]:
+        """Of transactions that started before the table's snapshot did (so their commit
+        may have been streamed before the merger recorded the table), those that have
+        committed. One still in progress may be between writing its commit record and
+        marking it committed: waited for up to COMMIT_WAIT_S; one running longer is a
+        long transaction, not a commit under way, and is not waited for again."""
+        waiting = [x for x in xids if x not in self._long_running]
+        committed: list[int] = []
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while waiting:
+            statuses = self._connection().execute(
+                "SELECT x::text, pg_xact_status(x) FROM unnest(%s::text[]::xid8[]) AS x",
+                ([str(x) for x in waiting],)).fetchall()
+            committed += [int(x) for x, status in statuses if status == "committed"]
+            waiting = [int(x) for x, status in statuses if status == "in progress"]
+            if waiting and time.monotonic() > deadline:
+                self._long_running.update(waiting)
+                break
+            if waiting:
+                time.sleep(0.01)
+        return committed
+
+    def write_high(self, token: str) -> None:
+        self._connection().execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                                   (WATERMARK_PREFIX, watermark_content(token, high=True)))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,129 @@
+"""Binlog values -> typed values, and table shapes from table maps and from the catalog."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pymysqlreplication.column import Column as LibColumn
+from pymysqlreplication.constants import FIELD_TYPE
+
+from tailrace.errors import FatalError
+from tailrace.events import python_of
+from tailrace_services.capture_mysql.schema import (
+    ColumnShape,
+    TableShape,
+    catalog_type,
+    fingerprint,
+    shape_from_table_map,
+)
+from tailrace_services.capture_mysql.values import RowDecoder
+
+
+def col(name: str | None, t: int, **kw: Any) -> LibColumn:
+    base = {"name": name, "type": t, "unsigned": False, "is_primary": False,
+            "character_set_name": None, "enum_values": None, "set_values": None}
+    return LibColumn(**{**base, **kw})
+
+
+COLUMNS = [
+    col("id", FIELD_TYPE.LONGLONG, unsigned=True, is_primary=True),
+    col("d", FIELD_TYPE.NEWDECIMAL, precision=30, decimals=10),
+    col("f", FIELD_TYPE.FLOAT),
+    col("dt", FIELD_TYPE.DATETIME2, fsp=6),
+    col("ts", FIELD_TYPE.TIMESTAMP2, fsp=6),
+    col("tm", FIELD_TYPE.TIME2, fsp=3),
+    col("y", FIELD_TYPE.YEAR, unsigned=True),
+    col("e", FIELD_TYPE.ENUM, enum_values=["", "a", "b"], character_set_name="utf8"),
+    col("st", FIELD_TYPE.SET, set_values=["x", "y", "z"], character_set_name="utf8"),
+    col("b1", FIELD_TYPE.BIT, bits=1),
+    col("b", FIELD_TYPE.BIT, bits=10),
+    col("bn", FIELD_TYPE.STRING, character_set_name="binary", max_length=4),
+    col("u", FIELD_TYPE.STRING, character_set_name="binary", max_length=16),
+    col("ip", FIELD_TYPE.STRING, character_set_name="binary", max_length=16),
+    col("j", FIELD_TYPE.BLOB, character_set_name="utf8", length_size=4),
+    col("mj", FIELD_TYPE.JSON, length_size=4),
+    col("txt", FIELD_TYPE.VARCHAR, character_set_name="utf8", max_length=256),
+]
+HINTS = {"u": "uuid", "ip": "inet6", "j": "json"}
+
+
+def decode(values: dict[str, Any], none_sources: dict[str, str] | None = None) -> dict[str, Any]:
+    shape = shape_from_table_map("shop", "t", COLUMNS, HINTS)
+    row = RowDecoder(shape).row(values, none_sources)
+    return {c.name: python_of(c.value) for c in row.columns}
+
+
+def test_types_are_named_alike_from_table_map_and_catalog() -> None:
+    shape = shape_from_table_map("shop", "t", COLUMNS, HINTS)
+    names = {c.name: c.type for c in shape.columns}
+    assert names == {
+        "id": "bigint unsigned", "d": "decimal(30,10)", "f": "float", "dt": "datetime(6)",
+        "ts": "timestamp(6)", "tm": "time(3)", "y": "year", "e": "enum('a','b')",
+        "st": "set('x','y','z')", "b1": "bit(1)", "b": "bit(10)", "bn": "binary", "u": "uuid",
+        "ip": "inet6", "j": "json", "mj": "json", "txt": "varchar"}
+    catalog = {"bigint(20) unsigned": "bigint unsigned", "decimal(30,10)": "decimal(30,10)",
+               "datetime(6)": "datetime(6)", "timestamp(6)": "timestamp(6)", "year(4)": "year",
+               "enum('a','b')": "enum('a','b')", "bit(10)": "bit(10)", "binary(4)": "binary",
+               "varchar(64)": "varchar", "int(11)": "int", "longtext": "longtext",
+               "datetime": "datetime", "tinyint(1)": "tinyint"}
+    for column_type, expected in catalog.items():
+        data_type = column_type.split("(")[0].split()[0]
+        assert catalog_type(column_type, data_type, False) == expected
+    assert catalog_type("longtext", "longtext", True) == "json"
+    assert list(shape.key_columns) == ["id"]
+
+
+def test_a_table_without_a_primary_key_has_no_key_columns() -> None:
+    """Never every column: Kafka would scatter one row's versions over partitions."""
+    shape = TableShape("shop", "t", (ColumnShape("a", "int", False),
+                                     ColumnShape("b", "varchar", False)))
+    assert shape.key_columns == ()
+
+
+def test_values_decode_exactly() -> None:
+    out = decode({
+        "id": 2**64 - 1, "d": Decimal("12345678901234567890.0123456789"), "f": 1.100000023841858,
+        "dt": dt.datetime(2024, 1, 2, 3, 4, 5, 123456),
+        "ts": dt.datetime(2024, 1, 2, 1, 4, 5, 654321), "tm": -dt.timedelta(hours=12,
+                                                                            microseconds=789000),
+        "y": 2024, "e": "b", "st": {"z", "x"}, "b1": "1", "b": "1010101011", "bn": b"\x00\xff",
+        "u": bytes.fromhex("123e4567e89b12d3a456426614174000").rstrip(b"\x00"),
+        "ip": b"\x00" * 10 + b"\xff\xff\x01\x02\x03\x04", "j": '{"a": [1, 2.5]}',
+        "mj": {b"k": [1, b"v", None]}, "txt": "héllo"})
+    assert out["id"] == 2**64 - 1
+    assert out["d"] == Decimal("12345678901234567890.0123456789")
+    assert out["f"] == 1.1
+    assert out["dt"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)  # naive: no zone
+    assert out["ts"] == dt.datetime(2024, 1, 2, 1, 4, 5, 654321, tzinfo=dt.UTC)
+    assert out["tm"] == -dt.timedelta(hours=12, microseconds=789000)
+    assert out["st"] == "x,z" and out["e"] == "b"
+    assert out["b1"] is True and out["b"] == 0b1010101011
+    assert out["bn"] == b"\x00\xff\x00\x00"  # BINARY(4) padding restored
+    assert out["u"] == uuid.UUID("123e4567-e89b-12d3-a456-426614174000")
+    assert out["ip"] == "::ffff:1.2.3.4"
+    assert out["j"] == '{"a": [1, 2.5]}' and out["mj"] == '{"k":[1,"v",null]}'
+    assert out["txt"] == "héllo"
+
+
+def test_nulls_empty_set_and_zero_year() -> None:
+    values = {c.name: None for c in COLUMNS} | {"id": 1, "y": 1900}
+    out = decode(values, {"st": "empty set", "e": "null"})
+    assert out["st"] == "" and out["e"] is None and out["y"] == 0 and out["d"] is None
+
+
+def test_a_table_map_without_names_is_refused() -> None:
+    with pytest.raises(FatalError, match="binlog_row_metadata must be FULL"):
+        shape_from_table_map("shop", "t", [col(None, FIELD_TYPE.LONG)], {})
+
+
+def test_fingerprint_follows_names_types_and_keys() -> None:
+    a = shape_from_table_map("s", "t", [col("id", FIELD_TYPE.LONG, is_primary=True)], {})
+    b = shape_from_table_map("s", "t", [col("id2", FIELD_TYPE.LONG, is_primary=True)], {})
+    c = shape_from_table_map("s", "t", [col("id", FIELD_TYPE.LONG)], {})
+    assert len({fingerprint(a), fingerprint(b), fingerprint(c)}) == 3
+    assert fingerprint(a) == fingerprint(
+        shape_from_table_map("s", "t", [col("id", FIELD_TYPE.LONG, is_primary=True)], {}))
