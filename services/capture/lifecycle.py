@@ -38,10 +38,12 @@ from tailrace.errors import (
     RetryableError,
 )
 from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace.retry import Backoff
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.resume import ResumeRule
+from tailrace_services.capture.snapshot.progress import SnapshotProgress
 
 __all__ = ["CaptureLifecycle", "CaptureService", "ErrorHandler", "Fail", "Reconnect", "Stop",
            "reconcile_identity"]
@@ -91,6 +93,10 @@ class CaptureLifecycle:
         self.ready = False
         self.stopping = False
         self.stopped_at = 0.0  # time.monotonic() of the first stop request
+        # after a lost position: wait for `tailrace resnapshot` (the process stays up to
+        # say why) rather than raise; the entry point sets it when it serves /health
+        self.wait_for_resnapshot = False
+        self.can_resnapshot = False  # the source takes a server as it is now (`accept`)
 
     def stop(self) -> None:
         if not self.stopping:
@@ -107,7 +113,8 @@ class CaptureLifecycle:
                 return
             except PositionLostError as e:
                 self.fail("position_lost", str(e))
-                raise
+                if not self._resnapshot_asked(e):
+                    raise
             except FatalError as e:
                 self.fail("failed", str(e))
                 raise
@@ -134,6 +141,42 @@ class CaptureLifecycle:
                     log.warning(outcome.message)
                     return
                 self._reconnect(e, outcome.message)
+
+    def _resnapshot_asked(self, lost: PositionLostError) -> bool:
+        """Whether a new session should take the server as it is now: asked for by
+        `snapshot.mode: when_needed` at once, or by an operator's `tailrace resnapshot`
+        while this process waits (the request is in the snapshot record; the session
+        reads it there, so a crash in between loses nothing)."""
+        if not self.can_resnapshot:
+            return False
+        progress = SnapshotProgress(self.control, self.pipeline, self.pipeline.spec.source.type)
+        if self.pipeline.spec.source.snapshot.mode == "when_needed":
+            reason = f"snapshot.mode when_needed, after {lost}"
+
+            def ask(state: pb.SnapshotState) -> None:
+                state.resnapshot_requested, state.resnapshot_reason = True, reason
+
+            progress.change(ask)
+            log.warning("position lost: reading every table again (snapshot.mode when_needed)",
+                        reason=str(lost))
+            return True
+        if not self.wait_for_resnapshot:
+            return False
+        log.warning("waiting for an operator: after checking the server, run `tailrace "
+                    f"resnapshot {self.pipeline.name} --confirm {self.source_id}` to take it "
+                    "as it is now and read every table again")
+        while not self.stopping:
+            try:
+                if progress.read().resnapshot_requested:
+                    log.warning("resnapshot requested by an operator; starting again")
+                    return True
+            except (RetryableError, NonRetryableError) as e:
+                log.warning("cannot read the snapshot record", error=str(e))
+            for _ in range(20):
+                if self.stopping:
+                    break
+                time.sleep(0.1)
+        return False
 
     def streaming(self) -> None:
         """The session streams from now on: healthy, ready, and the control service told so."""

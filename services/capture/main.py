@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
         side = start_http_side(args.http_port, lambda: capture.health, lambda: capture.ready)
         log.info("http side port", url=side.url)
+        # a lost position keeps the process up to say why: it waits for `tailrace resnapshot`
+        capture.lifecycle.wait_for_resnapshot = not args.exit_on_fatal
     log.info("capture starting", pipeline=spec.name, source=spec.spec.source.id,
              type=spec.spec.source.type)
     try:

@@ -275,7 +275,7 @@ class ChangeFeed:
     def _commit(self, begin: Begin, commit: PgCommit) -> Commit:
         factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
         timeline = factory.timelines.of(commit.commit_lsn)
-        tx_seq = tx_seq_of(timeline, end_lsn)
+        tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
 
         def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
             return factory.stamp(event, xid=xid, tx_seq=tx_seq, end_lsn=end_lsn,
@@ -294,7 +294,8 @@ class ChangeFeed:
             return None
         timeline = self.factory.timelines.of(msg.lsn)
         end = msg.lsn + 1
-        position = Position(tx_seq=tx_seq_of(timeline, end), postgres=PostgresPosition(
+        tx_seq = tx_seq_of(timeline, end, self.factory.timelines.era)
+        position = Position(tx_seq=tx_seq, postgres=PostgresPosition(
             commit_lsn=end, event_lsn=msg.lsn, timeline=timeline))
         return Watermark(parsed[0], parsed[1], position)
 
@@ -303,5 +304,6 @@ class ChangeFeed:
         if begin is None:
             return None
         timeline = self.factory.timelines.of(begin.final_lsn)
-        return Position(tx_seq=tx_seq_of(timeline, begin.final_lsn), postgres=PostgresPosition(
+        tx_seq = tx_seq_of(timeline, begin.final_lsn, self.factory.timelines.era)
+        return Position(tx_seq=tx_seq, postgres=PostgresPosition(
             commit_lsn=begin.final_lsn, event_lsn=lsn, timeline=timeline))

@@ -47,6 +47,7 @@ from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace_services.capture.drift import find_drift
 from tailrace_services.capture.lifecycle import reconcile_identity
+from tailrace_services.capture.resume import ResumePoint
 from tailrace_services.capture_postgres.connection import (
     ReplicationConnection,
     ServerFacts,
@@ -55,11 +56,16 @@ from tailrace_services.capture_postgres.connection import (
     read_facts,
 )
 from tailrace_services.capture_postgres.history import HistoryCheck, expected_transactions
-from tailrace_services.capture_postgres.position import Resume, check_position, describe_server
+from tailrace_services.capture_postgres.position import (
+    Resume,
+    check_numbering,
+    check_position,
+    describe_server,
+)
 from tailrace_services.capture_postgres.schema import catalog_fingerprints
 
-__all__ = ["FLAVOR", "ServerCheck", "describe_change", "different_cluster",
-           "identity_attributes", "identity_fingerprint"]
+__all__ = ["FLAVOR", "Checked", "ServerCheck", "describe_change", "different_cluster",
+           "era_of_identity", "identity_attributes", "identity_fingerprint"]
 
 log = get_logger(__name__)
 
@@ -67,9 +73,17 @@ FLAVOR = "postgresql"
 _CHECK_ERRORS = (psycopg.Error, RetryableError, NonRetryableError)
 
 
-def identity_attributes(system: SystemIdentity) -> dict[str, str]:
-    return {"system_identifier": system.system_id, "timeline": str(system.timeline),
-            "database": system.dbname}
+def identity_attributes(system: SystemIdentity, era: int = 0) -> dict[str, str]:
+    """What identifies the server, and the era its positions are numbered in (position.py)."""
+    attributes = {"system_identifier": system.system_id, "timeline": str(system.timeline),
+                  "database": system.dbname}
+    if era:
+        attributes["era"] = str(era)
+    return attributes
+
+
+def era_of_identity(identity: ServerIdentity | None) -> int:
+    return int(identity.attributes.get("era", "0")) if identity is not None else 0
 
 
 def identity_fingerprint(system: SystemIdentity) -> str:
@@ -104,6 +118,16 @@ def different_cluster(previous: ServerIdentity | None, system: SystemIdentity, s
         f"streamed from; {read}, and its LSNs do not exist here")
 
 
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of the checks: where to stream from and what the re-read must show."""
+
+    resume: Resume
+    history: HistoryCheck
+    era: int  # positions are numbered in it (position.py)
+    accepted: bool = False  # a new era on the server as it is now: read every table again
+
+
 @dataclass
 class ServerCheck:
     """Identity and position checks of one source, run before streaming starts."""
@@ -116,12 +140,18 @@ class ServerCheck:
     on_schema_drift: str  # adapt | halt
 
     def run(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-            system: SystemIdentity, resume: Resume, tables: list[tuple[str, str]]
-            ) -> HistoryCheck:
+            system: SystemIdentity, point: ResumePoint, tables: list[tuple[str, str]],
+            accept: str = "") -> Checked:
         """Raise PositionLostError (lost), FatalError (halted drift, a check that cannot
-        run on a changed server); return what the stream must find when it re-reads."""
+        run on a changed server); return where to stream from and what the stream must
+        find when it re-reads. With `accept` (why: an operator's `tailrace resnapshot`,
+        `snapshot.mode: when_needed`), the server is taken as it is now (`_accept`)."""
         verdict, previous = self.control.compare_identity(
             self.source_id, FLAVOR, identity_attributes(system), identity_fingerprint(system))
+        era = era_of_identity(previous)
+        if accept:
+            return self._accept(conn, system, previous, verdict, era, accept)
+        resume = Resume.of(point.checkpoint, point.latest_epoch, era)
         if verdict != "changed":
             if verdict == "first_seen" and resume.has_position:
                 log.warning("no identity was stored for a source with a position; the re-read "
@@ -130,13 +160,15 @@ class ServerCheck:
             facts = self._facts_or_none(repl, conn, system)
             if facts is not None:
                 check_position(facts, system, self.slot, resume, self.create_slot)
-            return HistoryCheck(resume.lsn, expected_transactions(resume, facts, system))
+            return Checked(resume, HistoryCheck(resume.lsn,
+                                                expected_transactions(resume, facts, system)),
+                           era)
         change = describe_change(previous, system)
         log.warning("server identity changed", source=self.source_id, change=change)
         checked: list[ServerFacts] = []
         drift = reconcile_identity(
             self.control, self.source_id, previous,
-            identity_proto(FLAVOR, identity_attributes(system), identity_fingerprint(system)),
+            identity_proto(FLAVOR, identity_attributes(system, era), identity_fingerprint(system)),
             change=change, on_schema_drift=self.on_schema_drift,
             check_position=lambda: checked.append(
                 self._reconcile_position(repl, conn, system, previous, resume)),
@@ -146,7 +178,40 @@ class ServerCheck:
                 server=describe_server(system), strict=bool(checked), errors=(psycopg.Error,)))
         log.warning("reconciled with the changed server; continuing", source=self.source_id,
                     drift=drift or None)
-        return HistoryCheck(resume.lsn, expected_transactions(resume, checked[0], system))
+        return Checked(resume, HistoryCheck(resume.lsn,
+                                            expected_transactions(resume, checked[0], system)),
+                       era)
+
+    def _accept(self, conn: psycopg.Connection[Any], system: SystemIdentity,
+                previous: ServerIdentity | None, verdict: str, era: int, why: str) -> Checked:
+        """Take the server as it is now: a new era (position.py), a new slot, the stored
+        identity, and a ReconcileRecord saying so (decision `accepted`). Whatever the
+        stored checkpoints say is the lost history; streaming starts from the new slot,
+        and the caller has every table read again. Each step can run again after a crash:
+        the request stays in the snapshot record until the tables are queued."""
+        new_era = era + 1
+        check_numbering(system.timeline, new_era)
+        change = (describe_change(previous, system) if verdict == "changed" else
+                  f"the same server ({describe_server(system)})")
+        new = identity_proto(FLAVOR, identity_attributes(system, new_era),
+                             identity_fingerprint(system))
+        self.control.add_reconcile_record(
+            self.source_id, previous, new,
+            [change, f"accepted as it is now: {why}; positions numbered in era {new_era}, "
+                     "every table read again"], "accepted")
+        if self.create_slot:
+            dropped = conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s", (self.slot,)).fetchall()
+            if dropped:
+                log.warning("replication slot dropped: it held the lost history",
+                            slot=self.slot)
+        self.control.store_identity(self.source_id, FLAVOR, dict(new.attributes),
+                                    new.fingerprint)
+        log.warning("server accepted as it is now; every table is read again",
+                    source=self.source_id, server=describe_server(system), era=new_era,
+                    why=why)
+        return Checked(Resume(), HistoryCheck(0, []), new_era, accepted=True)
 
     def _facts(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
                system: SystemIdentity) -> ServerFacts:

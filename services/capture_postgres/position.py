@@ -11,6 +11,14 @@ from the shared history (before the switch point) keeps its original number.
 A position also names its transaction (`xid`, `commit_ts_us`): an LSN alone is
 only a byte offset, which any copy of the cluster reuses for its own WAL.
 
+Above the timeline sits the era (`tx_seq = era << 56 | timeline << 48 | end_lsn`). A
+lost position accepted by `tailrace resnapshot` (or `snapshot.mode: when_needed`)
+starts a new era on the server as it is now (`identity.py`): its LSNs may be lower than
+the ones we published from the lost history, its positions still sort after them, so
+the bus, the delivery and the sinks' checkpoints go on unchanged. Checkpoints and
+epochs of an earlier era say nothing about this server and are ignored (`Resume.of`,
+`SlotFeedback`).
+
 The resume position is the minimum checkpoint of the pipeline's sinks (`Resume`,
 PostgreSQL's view of the shared rule's `ResumePoint`, `tailrace_services.capture.resume`).
 Capture resumes after it, skips transactions at or below it (the slot's
@@ -49,7 +57,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from tailrace.control_client import ControlClient
-from tailrace.errors import PositionLostError, RetryableError, SourceConfigurationError
+from tailrace.errors import (
+    FatalError,
+    PositionLostError,
+    RetryableError,
+    SourceConfigurationError,
+)
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import Position
@@ -63,9 +76,9 @@ from tailrace_services.capture_postgres.connection import (
 )
 from tailrace_services.capture_postgres.errors import StreamStopped
 
-__all__ = ["Resume", "SlotFeedback", "Timelines", "TxMark", "check_position", "check_slot",
-           "check_timeline", "check_wal_end", "confirm_point", "confirmable_lsn",
-           "describe_server", "lsn_of", "tx_seq_of"]
+__all__ = ["Resume", "SlotFeedback", "Timelines", "TxMark", "check_numbering", "check_position",
+           "check_slot", "check_timeline", "check_wal_end", "confirm_point", "confirmable_lsn",
+           "describe_server", "era_of", "lsn_of", "tx_seq_of"]
 
 log = get_logger(__name__)
 
@@ -73,20 +86,38 @@ FEEDBACK_INTERVAL_S = 1.0
 
 LSN_BITS = 48  # 256 TB of WAL per timeline
 LSN_MASK = (1 << LSN_BITS) - 1
+TIMELINE_BITS = 8
+MAX_TIMELINE = (1 << TIMELINE_BITS) - 1
+ERA_SHIFT = LSN_BITS + TIMELINE_BITS
+MAX_ERA = 127  # tx_seq stays below 2**63 (a signed 64-bit column holds it)
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def tx_seq_of(timeline: int, lsn: int) -> int:
+def tx_seq_of(timeline: int, lsn: int, era: int = 0) -> int:
     """The position number of a transaction whose commit ends at `lsn` on `timeline`."""
-    return (timeline << LSN_BITS) | lsn
+    return (era << ERA_SHIFT) | (timeline << LSN_BITS) | lsn
 
 
 def lsn_of(tx_seq: int) -> int:
     return tx_seq & LSN_MASK
 
 
+def era_of(tx_seq: int) -> int:
+    return tx_seq >> ERA_SHIFT
+
+
 def timeline_of(position: Position) -> int:
-    return position.postgres.timeline or position.tx_seq >> LSN_BITS
+    return position.postgres.timeline or (position.tx_seq >> LSN_BITS) & MAX_TIMELINE
+
+
+def check_numbering(timeline: int, era: int) -> None:
+    """Positions of `timeline` in `era` fit in tx_seq's bits, or capture cannot number them."""
+    if timeline > MAX_TIMELINE:
+        raise FatalError(f"the server is on timeline {timeline}; capture numbers positions of "
+                         f"timelines up to {MAX_TIMELINE} only")
+    if era > MAX_ERA:
+        raise FatalError(f"this source had {era} accepted resnapshots; positions number at "
+                         f"most {MAX_ERA}: start a new pipeline (new source id)")
 
 
 def confirm_point(position: Position) -> int:
@@ -102,6 +133,7 @@ class Timelines:
 
     current: int
     history: tuple[tuple[int, int], ...] = ()  # (ancestor timeline, LSN where it ended)
+    era: int = 0  # of the positions numbered on this server (module docstring)
 
     def of(self, lsn: int) -> int:
         """Timeline of a WAL record starting at `lsn`."""
@@ -128,7 +160,7 @@ class TxMark:
         if not postgres.commit_ts_us:
             return None
         return cls(lsn_of(position.tx_seq), postgres.xid, postgres.commit_ts_us,
-                   position.tx_seq >> LSN_BITS or postgres.timeline, postgres.event_lsn)
+                   timeline_of(position), postgres.event_lsn)
 
     def describe(self) -> str:
         return (f"xid {self.xid} committed at {commit_time(self.commit_ts_us)}, ending at "
@@ -158,7 +190,14 @@ class Resume:
     confirm_lsn: int = 0  # `confirm_point` of the checkpoint
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint | None, latest_epoch: Epoch | None) -> Resume:
+    def of(cls, checkpoint: Checkpoint | None, latest_epoch: Epoch | None, era: int = 0
+           ) -> Resume:
+        """From the sinks' checkpoint and the latest epoch, when they are of `era` (earlier
+        ones are the lost history an accepted resnapshot left behind: not on this server)."""
+        if checkpoint is not None and era_of(checkpoint.position.tx_seq) < era:
+            checkpoint = None
+        if latest_epoch is not None and era_of(latest_epoch.position.tx_seq) < era:
+            latest_epoch = None
         resume = cls()
         if checkpoint is not None:
             position = checkpoint.position
@@ -335,7 +374,8 @@ class SlotFeedback:
 
     def __init__(self, repl: ReplicationConnection, control: ControlClient, source_id: str,
                  sink_ids: list[str], metrics: CaptureMetrics, *, resume_lsn: int,
-                 confirmed_lsn: int, abandon: Callable[[], bool] = lambda: False) -> None:
+                 confirmed_lsn: int, era: int = 0, abandon: Callable[[], bool] = lambda: False
+                 ) -> None:
         self.repl = repl
         self.control = control
         self.source_id = source_id
@@ -344,6 +384,7 @@ class SlotFeedback:
         self.received = 0
         self.published = resume_lsn  # the end LSN of the last transaction on the bus
         self.confirmed = confirmed_lsn
+        self.era = era
         self._abandon = abandon
         self._next = 0.0
 
@@ -368,8 +409,8 @@ class SlotFeedback:
         except RetryableError as e:
             log.warning("cannot read checkpoints; the slot is not advanced", error=str(e))
             return current
-        if checkpoint is None:
-            return current
+        if checkpoint is None or era_of(checkpoint.position.tx_seq) < self.era:
+            return current  # (a sink still delivering the lost history: nothing of this server)
         target = lsn_of(checkpoint.position.tx_seq)
         if target > self.published:
             log.debug("a sink checkpoint is ahead of what this capture published; the slot "

@@ -30,6 +30,7 @@ from tailrace.control_client import ControlClient
 from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.resume import ResumePoint
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_postgres.connection import (
     ReplicationConnection,
@@ -40,9 +41,8 @@ from tailrace_services.capture_postgres.connection import (
 )
 from tailrace_services.capture_postgres.errors import session_errors
 from tailrace_services.capture_postgres.events import ChangeFeed, EventFactory
-from tailrace_services.capture_postgres.history import HistoryCheck
-from tailrace_services.capture_postgres.identity import ServerCheck
-from tailrace_services.capture_postgres.position import Resume, SlotFeedback, Timelines
+from tailrace_services.capture_postgres.identity import Checked, ServerCheck
+from tailrace_services.capture_postgres.position import SlotFeedback, Timelines
 from tailrace_services.capture_postgres.schema import (
     KeyCatalog,
     SchemaTracker,
@@ -77,6 +77,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
         self.publication = source.publication or self.slot
         self.sink_ids = [s.id for s in pipeline.spec.sinks]
         self._registered = False
+        self.lifecycle.can_resnapshot = True  # `identity.ServerCheck._accept`
 
     def _abandon(self) -> bool:
         lifecycle = self.lifecycle
@@ -88,11 +89,14 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
             self.control.register_pipeline(self.pipeline)
             self._registered = True
         point = self.resume.read()
-        resume = Resume.of(point.checkpoint, point.latest_epoch)
+        progress = SnapshotProgress(self.control, self.pipeline, self.source_type)
+        record = progress.read()  # a resnapshot asked for: take the server as it is now
+        accept = (record.resnapshot_reason or "requested") if record.resnapshot_requested else ""
         with ReplicationConnection(self.dsn) as repl:
             system = repl.identify_system()
             with connect(self.dsn) as conn:
-                tables, history = self._prepare(repl, conn, system, resume)
+                tables, checked = self._prepare(repl, conn, system, point, accept)
+            resume = checked.resume
             if self.source.create_slot and not resume.has_position:
                 # Never once something was read from the slot: a new one would start
                 # later and hide the gap (if the check failed, START says the slot is gone).
@@ -100,28 +104,31 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 if created is not None:
                     log.info("replication slot created", slot=self.slot,
                              consistent_lsn=lsn_to_str(created))
-            timelines = Timelines(system.timeline, tuple(repl.timeline_history(system.timeline)))
+            timelines = Timelines(system.timeline, tuple(repl.timeline_history(system.timeline)),
+                                  checked.era)
             keys = KeyCatalog(self.dsn)
             merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
-            worker = self._snapshot_worker(merger, system.dbname, tables)
+            worker = self._snapshot_worker(merger, progress, system.dbname, tables)
             watcher = TableWatcher(self.dsn, self.source.tables, self.publication, tables,
                                    manage=self.source.create_slot,
                                    on_added=lambda new: worker.add_tables(
                                        [f"{s}.{t}" for s, t in new]))
             feedback = SlotFeedback(repl, self.control, self.source.id, self.sink_ids,
                                     self.metrics, resume_lsn=resume.lsn,
-                                    confirmed_lsn=resume.confirm_lsn, abandon=self._abandon)
+                                    confirmed_lsn=resume.confirm_lsn, era=checked.era,
+                                    abandon=self._abandon)
             feed = ChangeFeed(
                 repl, EventFactory(self.source.id, self.pipeline.tenant, system.dbname,
                                    timelines, keys.key_of),
                 SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
                               system.dbname, self.source.on_schema_drift),
-                feedback, self.metrics, resume_lsn=resume.lsn, history=history,
+                feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
                 tick=watcher.poll)
             try:
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
                                idle=feedback.keep_alive) as assembler:
-                    worker.start()  # before anything of this session is published
+                    # before anything of this session is published
+                    worker.start(resnapshot=accept)
                     repl.start(self.slot, self.publication, 0, messages=True)
                     self.lifecycle.streaming()
                     log.info("streaming", slot=self.slot, system_id=system.system_id,
@@ -133,25 +140,24 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 watcher.close()
                 keys.close()
 
-    def _snapshot_worker(self, merger: SnapshotMerger, database: str,
-                         tables: list[tuple[str, str]]) -> SnapshotWorker:
+    def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
+                         database: str, tables: list[tuple[str, str]]) -> SnapshotWorker:
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
         chunks = PostgresChunks(self.dsn, self.source.id, self.pipeline.tenant, database)
         selected = {f"{s}.{t}": chunks.key_columns(f"{s}.{t}") for s, t in tables}
-        return SnapshotWorker(self.pipeline, self.control, chunks, merger,
-                              SnapshotProgress(self.control, self.pipeline, self.source_type),
+        return SnapshotWorker(self.pipeline, self.control, chunks, merger, progress,
                               selected, self.metrics, on_all_done=self.lifecycle.stop)
 
     def _prepare(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
-                 system: SystemIdentity, resume: Resume
-                 ) -> tuple[list[tuple[str, str]], HistoryCheck]:
+                 system: SystemIdentity, point: ResumePoint, accept: str
+                 ) -> tuple[list[tuple[str, str]], Checked]:
         """Server settings, identity and position, then the tables and the publication;
-        returns the tables and what the stream must find when it re-reads (`history.py`)."""
+        returns the tables and where to stream from (`identity.Checked`)."""
         check_settings(conn, self.source.id)
         tables = TableWatcher.resolve(conn, table_matcher(self.source.tables))
-        history = ServerCheck(self.control, self.source.id, self.pipeline.tenant, self.slot,
+        checked = ServerCheck(self.control, self.source.id, self.pipeline.tenant, self.slot,
                               self.source.create_slot, self.source.on_schema_drift
-                              ).run(repl, conn, system, resume, tables)
+                              ).run(repl, conn, system, point, tables, accept)
         TableWatcher.publish(conn, self.publication, tables, self.source.create_slot)
         log.info("tables selected", tables=[f"{s}.{t}" for s, t in tables],
                  publication=self.publication)
@@ -162,4 +168,4 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                         table=f"{table.schema}.{table.table}",
                         replica_identity=table.replica_identity,
                         fix=keyless_fix(table.schema, table.table))
-        return tables, history
+        return tables, checked

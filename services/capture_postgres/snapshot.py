@@ -149,6 +149,12 @@ class PostgresChunks:
             estimate = int(row[0]) if row else 0
         return TablePlan(table, found.keys, estimate)
 
+    def cleared(self, plan: TablePlan) -> ChangeEvent:
+        table = self._table(plan.table)
+        return ChangeEvent(source_id=self.source_id, tenant=self.tenant, database=self.database,
+                           schema=table.schema, table=table.name, op=Op.OP_TRUNCATE,
+                           key_columns=table.keys)
+
     def begin_table(self, plan: TablePlan) -> None:
         row = self._connection().execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()

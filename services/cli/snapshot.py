@@ -55,9 +55,12 @@ def run_snapshot(client: ControlClient, args: argparse.Namespace) -> int:
 
 def run_resnapshot(client: ControlClient, args: argparse.Namespace) -> int:
     state = client.resnapshot(args.pipeline, args.confirm)
-    print(f"resnapshot of {state.source_id} accepted: start (or restart) tailrace-capture for "
-          f"{args.pipeline}, then `tailrace resume {args.pipeline}`; it streams from the "
-          "server's current position and reads every table again")
+    print(f"resnapshot of {state.source_id} requested. A tailrace-capture that stopped on the "
+          f"lost position and still serves /health takes it within seconds; otherwise start "
+          f"it. It streams from the server's current position, reads every table again (each "
+          f"one cleared first by a TRUNCATE), and `tailrace snapshot status {args.pipeline}` "
+          f"follows it. Then `tailrace resume {args.pipeline}`: the delivery sends what it "
+          "had not yet sent of the lost history, then the new one.")
     return 0
 
 

@@ -277,7 +277,10 @@ def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
                       "tables: [public.orders], snapshot: {mode: initial_only, chunk_size: 500}}")
     snapshot = parse_pipeline(pg, env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
     assert (snapshot.mode, snapshot.chunk_size) == ("initial_only", 500)
-    for bad, match in [("mode: when_needed", r"snapshot\.mode"),
+    when_needed = parse_pipeline(pg.replace("initial_only", "when_needed"),
+                                 env={"PG_DSN": "postgresql://h/db"})
+    assert when_needed.spec.source.snapshot.mode == "when_needed"
+    for bad, match in [("mode: sometimes", r"snapshot\.mode"),
                        ("chunk_size: 0", r"snapshot\.chunk_size"),
                        ("parallelism: 2", r"snapshot\.parallelism"),
                        ("key_columns: {public.orders: [id]}", r"snapshot\.key_columns")]:

@@ -160,8 +160,10 @@ class SnapshotSpec(_Spec):
     """How a source reads its tables' existing rows (docs/snapshots.md)."""
 
     # never: stream only (`tailrace snapshot` still works); initial: snapshot every selected
-    # table never snapshotted, then stream; initial_only: the same, then stop (exit 0)
-    mode: Literal["never", "initial", "initial_only"] = "never"
+    # table never snapshotted, then stream; initial_only: the same, then stop (exit 0);
+    # when_needed: as initial, and after a lost position take the server as it is now and
+    # read every table again, without waiting for `tailrace resnapshot`
+    mode: Literal["never", "initial", "initial_only", "when_needed"] = "never"
     chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
 
 

@@ -81,6 +81,10 @@ class ChunkSource(Protocol):
     def plan(self, table: str) -> TablePlan:
         """The table's key and size estimate; ConfigError when it has no key."""
 
+    def cleared(self, plan: TablePlan) -> ChangeEvent:
+        """The table's TRUNCATE event (unstamped): a read that starts over after a lost
+        position clears what sinks hold of the table first (`SnapshotTable.reset`)."""
+
     def begin_table(self, plan: TablePlan) -> None:
         """Called after the merger records the table and before its first chunk."""
 

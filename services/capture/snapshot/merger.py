@@ -34,6 +34,7 @@ class Chunk:
     low_seen: bool = False
     dirty: set[Key] = field(default_factory=set)
     exclude: set[Key] = field(default_factory=set)  # on the bus already (crash recovery)
+    cleared: ChangeEvent | None = None  # a TRUNCATE to publish at the low watermark (reset)
     before_publish: Callable[[Chunk, Position], None] | None = None
     outcome: str = ""  # published | empty | discarded
     position: Position | None = None
@@ -139,8 +140,13 @@ class SnapshotMerger:
                 return  # another session's, or replayed after a restart: read again
             if not mark.high:
                 chunk.low_seen = True
-                return
-            del self._chunks[mark.token]
+            else:
+                del self._chunks[mark.token]
+        if not mark.high:
+            if chunk.cleared is not None:
+                yield from self._publish([chunk.cleared], mark,
+                                         f"snapshot-{chunk.request_id}-{chunk.number}-reset")
+            return
         if not chunk.low_seen or chunk.rows is None:
             self._finish(chunk, "discarded")
             return
@@ -153,6 +159,14 @@ class SnapshotMerger:
                     del seen[tx_id]
         for tx_id in rows.hidden:
             if tx_id in hidden:
+                if chunk.cleared is not None and hidden[tx_id] - chunk.dirty:
+                    # streamed before the low watermark, so before the TRUNCATE, and not
+                    # visible to the read: its rows would be in neither
+                    log.info("snapshot chunk read again: a transaction before its TRUNCATE "
+                             "was not visible to its read", table=chunk.table,
+                             chunk=chunk.number, tx_id=tx_id)
+                    self._finish(chunk, "discarded")
+                    return
                 chunk.dirty.update(hidden[tx_id])
             elif tx_id in rows.hidden_unrecorded_is_unsafe:
                 log.warning("snapshot chunk read again: a transaction committed before it was "
@@ -162,34 +176,37 @@ class SnapshotMerger:
                 return
         if () in chunk.dirty:  # a TRUNCATE of the table between the watermarks
             events: list[ChangeEvent] = []
-        else:
-            skip = chunk.dirty | chunk.exclude
+        else:  # (a reset chunk cleared the table: what was on the bus is gone)
+            skip = chunk.dirty | (chunk.exclude if chunk.cleared is None else set())
             events = [e for k, e in rows.events.items() if k not in skip]
         if not events:
             self._finish(chunk, "empty")
             return
-        size = len(events)
-        tx_id = f"snapshot-{chunk.request_id}-{chunk.number}"
-        now_us = time.time_ns() // 1000
-        position = mark.position
         for event in events:
             event.snapshot.request_id = chunk.request_id
             event.snapshot.chunk = chunk.number
         if chunk.last:
             events[-1].snapshot.last = True
+        chunk.published_rows = len(events)
+        if chunk.before_publish is not None:
+            chunk.before_publish(chunk, mark.position)
+        yield from self._publish(events, mark, f"snapshot-{chunk.request_id}-{chunk.number}")
+        chunk.position = mark.position
+        self._finish(chunk, "published")
+
+    def _publish(self, events: list[ChangeEvent], mark: Watermark, tx_id: str
+                 ) -> Iterator[FeedItem]:
+        """`events` as one transaction at the watermark's position."""
+        now_us = time.time_ns() // 1000
+        position = mark.position
 
         def stamp(event: ChangeEvent, index: int, n: int) -> ChangeEvent:
             return self._stamp(event, index, n, position, tx_id, now_us)
 
-        chunk.published_rows = size
-        if chunk.before_publish is not None:
-            chunk.before_publish(chunk, position)
         yield BEGIN
         yield events
         yield Commit(stamp, position, now_us, tx_id)
         mark.published.append(True)
-        chunk.position = position
-        self._finish(chunk, "published")
 
     @staticmethod
     def _finish(chunk: Chunk, outcome: str) -> None:

@@ -58,11 +58,13 @@ class SnapshotWorker:
         self._added: deque[str] = deque()
         self._exclude: dict[str, set[Key]] = {}  # keys on the bus already, per table
 
-    def start(self) -> None:
+    def start(self, resnapshot: str = "") -> None:
         """Report the tables, settle what an earlier process left in flight, then read.
         Call it before this session publishes anything: the bus after the latest epoch
-        must hold only what earlier processes wrote (`_recover`)."""
-        self._report_selected()
+        must hold only what earlier processes wrote (`_recover`). With `resnapshot` (why:
+        the server was accepted as it is now) every selected table is read again, and the
+        request is marked as taken in the same change."""
+        self._report_selected(resnapshot)
         for entry in self.progress.read().tables:
             if entry.inflight and entry.table in self.selected:
                 try:
@@ -146,16 +148,23 @@ class SnapshotWorker:
         self._thread.join(10.0)
         self.source.close()
 
-    def _report_selected(self) -> None:
+    def _report_selected(self, resnapshot: str = "") -> None:
         """Tell the control service what capture selects (what requests are checked
-        against), and under `initial` queue every selected table never snapshotted."""
+        against); under `initial` (and `when_needed`) queue every selected table never
+        snapshotted, and with `resnapshot` every selected table."""
         now = int(time.time() * 1000)
 
         def edit(state: pb.SnapshotState) -> None:
             del state.selected[:]
             for table, keys in sorted(self.selected.items()):
                 state.selected.add(table=table, key_columns=list(keys))
-            if self.mode in ("initial", "initial_only"):
+            if resnapshot:
+                kept = [t for t in state.tables if t.table not in self.selected]
+                del state.tables[:]
+                state.tables.extend(kept)
+                state.resnapshot_requested = False
+                state.resnapshot_reason = ""
+            if resnapshot or self.mode in ("initial", "initial_only", "when_needed"):
                 known = {t.table for t in state.tables}
                 for table, keys in sorted(self.selected.items()):
                     if table in known:
@@ -168,7 +177,8 @@ class SnapshotWorker:
                         continue
                     state.tables.add(table=table, state=pb.SNAPSHOT_PENDING,
                                      requested_unix_ms=now, updated_unix_ms=now,
-                                     reason=f"snapshot.mode {self.mode}",
+                                     reason=f"resnapshot: {resnapshot}" if resnapshot
+                                     else f"snapshot.mode {self.mode}", reset=bool(resnapshot),
                                      request_id=state.next_request_id)
                     state.next_request_id += 1
 
@@ -249,7 +259,7 @@ class SnapshotWorker:
                              state=pb.SnapshotTableState.Name(current.state) if current else None)
                     return
                 chunk = self._chunk(plan, cursor, request_id, number + 1, entry.where, exclude,
-                                    pending)
+                                    entry.reset and number == 0)
                 if chunk is None:
                     continue  # discarded: read it again
                 number, exclude = number + 1, set()
@@ -306,13 +316,14 @@ class SnapshotWorker:
                      chunks=chunk.chunk, done=chunk.last)
 
     def _chunk(self, plan: TablePlan, cursor: list[str] | None, request_id: int, number: int,
-               where: str, exclude: set[Key], pending: deque[pb.SnapshotChunk]
-               ) -> Chunk | None:
+               where: str, exclude: set[Key], reset: bool) -> Chunk | None:
         """Read and merge one chunk: the chunk once the stream passed its high watermark,
-        or None when it was discarded (read it again)."""
+        or None when it was discarded (read it again). With `reset`, the table's TRUNCATE
+        goes first, at the low watermark: every row is then read after it."""
         token = f"{self.pipeline.spec.source.id}:{request_id}:{plan.table}:{number}:" \
                 f"{time.time_ns()}"
-        chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude)
+        chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude,
+                      cleared=self.source.cleared(plan) if reset else None)
         self.merger.open(token, chunk)
         try:
             rows = self.source.read_chunk(plan, cursor, self.chunk_size, where, token)
