@@ -1,0 +1,131 @@
+"""The merger's rules on a hand-made feed (pure logic): the window rule, a reset chunk's
+TRUNCATE at its low watermark, and what a reset chunk must not trust. The same rules
+against real servers: tests/integration/test_pg_snapshot.py, tests/chaos/test_pg_resnapshot.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tailrace.events import Op
+from tailrace.proto.control_pb2 import Checkpoint, Epoch
+from tailrace.proto.event_pb2 import ChangeEvent, Position, Row, Value
+from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
+from tailrace_services.capture.snapshot import ChunkRows, SnapshotMerger, Watermark, key_of
+from tailrace_services.capture.snapshot.merger import Chunk
+from tailrace_services.capture_postgres.position import (
+    Resume,
+    era_of,
+    lsn_of,
+    timeline_of,
+    tx_seq_of,
+)
+
+KEYS = ("id",)
+
+
+def row(i: int) -> Row:
+    r = Row()
+    r.columns.add(name="id", value=Value(int_value=i))
+    return r
+
+
+def read(i: int) -> ChangeEvent:
+    return ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, after=row(i),
+                       key_columns=KEYS)
+
+
+def change(i: int) -> ChangeEvent:
+    return ChangeEvent(schema="public", table="t", op=Op.OP_UPDATE, after=row(i),
+                       key_columns=KEYS)
+
+
+def tx(tx_id: str, *ids: int) -> list[FeedItem]:
+    return [BEGIN, *[change(i) for i in ids],
+            Commit(lambda e, i, n: e, Position(tx_seq=int(tx_id)), 0, tx_id)]
+
+
+def mark(high: bool, tx_seq: int) -> Watermark:
+    return Watermark("tok", high, Position(tx_seq=tx_seq))
+
+
+def published(merger: SnapshotMerger, feed: Iterable[FeedItem | Watermark]
+              ) -> list[list[ChangeEvent]]:
+    """The transactions the merger lets through, as lists of their (stamped) events."""
+    out: list[list[ChangeEvent]] = []
+    current: list[ChangeEvent] = []
+    for item in merger.items(feed):
+        if item is BEGIN:
+            current = []
+        elif isinstance(item, ChangeEvent):
+            current.append(item)
+        elif isinstance(item, list):
+            current.extend(item)
+        elif isinstance(item, Commit):
+            out.append([item.stamp(e, i, len(current)) for i, e in enumerate(current)])
+    return out
+
+
+def chunk_of(merger: SnapshotMerger, ids: range, *, cleared: bool = False,
+             hidden: set[str] | None = None) -> Chunk:
+    merger.record("public.t", KEYS)
+    truncate = ChangeEvent(schema="public", table="t", op=Op.OP_TRUNCATE, key_columns=KEYS)
+    chunk = Chunk("public.t", KEYS, request_id=1, number=1,
+                  cleared=truncate if cleared else None)
+    merger.open("tok", chunk)
+    events = {key_of(read(i).after, KEYS): read(i) for i in ids}
+    merger.fill("tok", ChunkRows(events, [str(ids[-1])], more=False, hidden=hidden or set()))
+    return chunk
+
+
+def ids(events: list[ChangeEvent]) -> list[int]:
+    return [e.after.columns[0].value.int_value for e in events if e.after.columns]
+
+
+def test_a_key_changed_between_the_watermarks_is_left_to_the_log() -> None:
+    merger = SnapshotMerger("src", "acme")
+    chunk = chunk_of(merger, range(1, 6))
+    out = published(merger, [*tx("10", 9), mark(False, 11), *tx("12", 2, 4),
+                             mark(True, 13), *tx("14", 3)])
+    assert [ids(t) for t in out] == [[9], [2, 4], [1, 3, 5], [3]]
+    assert all(e.position.tx_seq == 13 for e in out[2]) and chunk.outcome == "published"
+
+
+def test_a_reset_chunk_truncates_at_its_low_watermark_then_reads_everything_after() -> None:
+    merger = SnapshotMerger("src", "acme")
+    chunk_of(merger, range(1, 4), cleared=True)
+    out = published(merger, [*tx("10", 1), mark(False, 11), *tx("12", 2), mark(True, 13)])
+    assert [[e.op for e in t] for t in out][1] == [Op.OP_TRUNCATE]
+    assert out[1][0].position.tx_seq == 11  # after the change to 1, before the one to 2
+    assert [ids(t) for t in out] == [[1], [], [2], [1, 3]]
+
+
+def test_a_reset_chunk_whose_read_missed_a_transaction_before_its_truncate_is_read_again(
+        ) -> None:
+    """Tx 10 is in the stream before the low watermark (so before the TRUNCATE) but was not
+    visible to the read: keeping its key out of the read, as without a reset, would lose
+    the row; the chunk is discarded and read again."""
+    merger = SnapshotMerger("src", "acme")
+    chunk = chunk_of(merger, range(1, 4), cleared=True, hidden={"10"})
+    out = published(merger, [*tx("10", 2), mark(False, 11), mark(True, 13)])
+    assert chunk.outcome == "discarded"
+    assert [ids(t) for t in out] == [[2], []]  # the change, the TRUNCATE; no read
+
+
+def test_a_reset_chunk_reads_again_the_keys_an_earlier_attempt_left_on_the_bus() -> None:
+    merger = SnapshotMerger("src", "acme")
+    chunk = chunk_of(merger, range(1, 4), cleared=True)
+    chunk.exclude = {key_of(row(1), KEYS)}  # on the bus before the new TRUNCATE: gone
+    out = published(merger, [mark(False, 11), mark(True, 13)])
+    assert [ids(t) for t in out] == [[], [1, 2, 3]]
+
+
+def test_positions_of_a_new_era_sort_after_any_lsn_of_the_old_one() -> None:
+    old = tx_seq_of(timeline=3, lsn=0xFFFF_FFFF_FFFF)
+    new = tx_seq_of(timeline=1, lsn=0x100, era=1)
+    assert new > old and new < 2**63
+    assert (era_of(new), lsn_of(new), timeline_of(Position(tx_seq=new))) == (1, 0x100, 1)
+    checkpoint = Checkpoint(position=Position(tx_seq=old))
+    epoch = Epoch(position=Position(tx_seq=tx_seq_of(1, 0x200, era=1)))
+    resume = Resume.of(checkpoint, epoch, era=1)  # the checkpoint is of the lost history
+    assert (resume.lsn, resume.published_lsn) == (0, 0x200)
+    assert Resume.of(checkpoint, None, era=1).has_position is False
