@@ -32,22 +32,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError
+from tailrace.errors import ConfigError, FatalError
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.capture_postgres.connection import connect
 from tailrace_services.capture_postgres.reader import Relation
 
 __all__ = ["KeyCatalog", "KeylessTable", "SchemaTracker", "Shape", "catalog_fingerprints",
-           "catalog_shapes", "choose_key", "fingerprint", "keyless_fix", "keyless_tables",
-           "schema_json", "shape_of"]
+           "catalog_shapes", "check_key_columns", "choose_key", "configured_key", "fingerprint",
+           "keyless_fix", "keyless_tables", "schema_json", "shape_of"]
 
 log = get_logger(__name__)
 
@@ -212,11 +212,52 @@ def choose_key(relation: Relation, primary_key: Sequence[str] | None) -> list[st
     return keys if len(keys) == len(wanted) else []
 
 
-class KeyCatalog:
-    """`key_of(relation)` for the stream; the catalog connection opens on first need."""
+def configured_key(relation: Relation, configured: Mapping[str, Sequence[str]]) -> list[str]:
+    """The key `snapshot.key_columns` gives a table without one of its own, when its events
+    carry those columns (REPLICA IDENTITY FULL; `check_key_columns`); [] otherwise."""
+    columns = configured.get(f"{relation.namespace}.{relation.name}")
+    if not columns or relation.replica_identity != "f":
+        return []
+    present = {c.name for c in relation.columns}
+    return list(columns) if set(columns) <= present else []
 
-    def __init__(self, dsn: str) -> None:
+
+def check_key_columns(conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]],
+                      configured: Mapping[str, Sequence[str]]) -> None:
+    """Each table `snapshot.key_columns` names is selected, has no key of its own, has
+    the columns, and is REPLICA IDENTITY FULL (so its updates and deletes carry them)."""
+    selected = {f"{s}.{t}" for s, t in tables}
+    keyless = {f"{t.schema}.{t.table}": t.replica_identity for t in keyless_tables(conn, tables)}
+    for table, columns in configured.items():
+        where = f"spec.source.snapshot.key_columns: {table}"
+        if table not in selected:
+            raise ConfigError(f"{where} is not a selected table (it does not exist, or "
+                              "spec.source.tables does not select it)")
+        if table not in keyless:
+            raise ConfigError(f"{where} has a key of its own (its primary key or replica "
+                              "identity index): remove it from key_columns")
+        schema, name = table.split(".")
+        found = {r[0] for r in conn.execute(
+            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
+            "c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, name))}
+        missing = [c for c in columns if c not in found]
+        if missing:
+            raise ConfigError(f"{where} has no column {', '.join(missing)}")
+        if keyless[table] != "FULL":
+            raise ConfigError(
+                f"{where} is REPLICA IDENTITY {keyless[table]}: its updates and deletes would "
+                f"not carry {', '.join(columns)}; run ALTER TABLE {table} REPLICA IDENTITY FULL")
+
+
+class KeyCatalog:
+    """`key_of(relation)` for the stream; the catalog connection opens on first need.
+    `configured`: `snapshot.key_columns` (`configured_key`)."""
+
+    def __init__(self, dsn: str, configured: Mapping[str, Sequence[str]] | None = None
+                 ) -> None:
         self._dsn = dsn
+        self._configured = configured or {}
         self._conn: psycopg.Connection[Any] | None = None
         self._warned: set[int] = set()
 
@@ -224,7 +265,7 @@ class KeyCatalog:
         primary_key = None
         if relation.replica_identity not in _FROM_FLAGS:
             primary_key = self.primary_key(relation.oid)
-        keys = choose_key(relation, primary_key)
+        keys = choose_key(relation, primary_key) or configured_key(relation, self._configured)
         if not keys and relation.oid not in self._warned:
             self._warned.add(relation.oid)
             self._warn(relation, primary_key)

@@ -46,6 +46,7 @@ from tailrace_services.capture_postgres.position import SlotFeedback, Timelines
 from tailrace_services.capture_postgres.schema import (
     KeyCatalog,
     SchemaTracker,
+    check_key_columns,
     keyless_fix,
     keyless_tables,
 )
@@ -106,7 +107,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                              consistent_lsn=lsn_to_str(created))
             timelines = Timelines(system.timeline, tuple(repl.timeline_history(system.timeline)),
                                   checked.era)
-            keys = KeyCatalog(self.dsn)
+            keys = KeyCatalog(self.dsn, self.source.snapshot.key_columns)
             merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
             worker = self._snapshot_worker(merger, progress, system.dbname, tables)
             watcher = TableWatcher(self.dsn, self.source.tables, self.publication, tables,
@@ -143,7 +144,8 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
     def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
                          database: str, tables: list[tuple[str, str]]) -> SnapshotWorker:
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
-        chunks = PostgresChunks(self.dsn, self.source.id, self.pipeline.tenant, database)
+        chunks = PostgresChunks(self.dsn, self.source.id, self.pipeline.tenant, database,
+                                self.source.snapshot.key_columns)
         selected = {f"{s}.{t}": chunks.key_columns(f"{s}.{t}") for s, t in tables}
         return SnapshotWorker(self.pipeline, self.control, chunks, merger, progress,
                               selected, self.metrics, on_all_done=self.lifecycle.stop)
@@ -161,7 +163,10 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
         TableWatcher.publish(conn, self.publication, tables, self.source.create_slot)
         log.info("tables selected", tables=[f"{s}.{t}" for s, t in tables],
                  publication=self.publication)
+        check_key_columns(conn, tables, self.source.snapshot.key_columns)
         for table in keyless_tables(conn, tables):
+            if f"{table.schema}.{table.table}" in self.source.snapshot.key_columns:
+                continue  # keyed by the spec
             log.warning("selected table has no key: its events will carry no key columns; a "
                         "postgres sink stops at its first update or delete, kafka keeps all "
                         "its messages in one partition",

@@ -29,7 +29,7 @@ the same key columns the stream's events get (`schema.choose_key`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -49,7 +49,7 @@ from tailrace_services.capture.snapshot import (
 from tailrace_services.capture_postgres.connection import connect
 from tailrace_services.capture_postgres.events import fill_row
 from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
-from tailrace_services.capture_postgres.schema import choose_key
+from tailrace_services.capture_postgres.schema import choose_key, configured_key
 
 __all__ = ["PostgresChunks"]
 
@@ -89,14 +89,18 @@ def _precedes(xmin: int) -> Callable[[str], bool]:
 class _Table:
     """What reading one table needs: its Relation, key and the SQL types of its columns."""
 
-    def __init__(self, schema: str, name: str, rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, schema: str, name: str, rows: list[tuple[Any, ...]],
+                 configured: Mapping[str, Sequence[str]]) -> None:
         self.schema, self.name = schema, name
         types = {r[3]: TypeInfo(r[3], r[6], r[7]) for r in rows if r[3] >= _FIRST_USER_OID}
         self.relation = Relation(
             rows[0][0], schema, name, rows[0][1],
             tuple(RelationColumn(r[2], r[3], r[4], bool(r[8])) for r in rows), types)
         self.sql_types = {r[2]: r[5] for r in rows}
-        self.keys = tuple(choose_key(self.relation, [r[2] for r in rows if r[9]]))
+        self.keys = tuple(choose_key(self.relation, [r[2] for r in rows if r[9]])
+                          or configured_key(self.relation, configured))
+        self.configured_key = bool(self.keys) and not choose_key(
+            self.relation, [r[2] for r in rows if r[9]])  # not unique by constraint
         self.estimate = int(rows[0][10])  # -1: never analyzed
 
 
@@ -104,8 +108,10 @@ class PostgresChunks:
     """`ChunkSource` for PostgreSQL (module docstring); one connection, used by the
     snapshot worker's thread only."""
 
-    def __init__(self, dsn: str, source_id: str, tenant: str, database: str) -> None:
+    def __init__(self, dsn: str, source_id: str, tenant: str, database: str,
+                 key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
         self.dsn = dsn
+        self.configured = key_columns or {}  # `snapshot.key_columns`
         self.source_id = source_id
         self.tenant = tenant
         self.database = database
@@ -126,7 +132,7 @@ class PostgresChunks:
             rows = self._connection().execute(_COLUMNS, (schema, name)).fetchall()
             if not rows:
                 raise ConfigError(f"table {table} does not exist (any more)")
-            found = self._tables[table] = _Table(schema, name, rows)
+            found = self._tables[table] = _Table(schema, name, rows, self.configured)
         return found
 
     def key_columns(self, table: str) -> tuple[str, ...]:
@@ -137,7 +143,8 @@ class PostgresChunks:
         found = self._table(table)
         if not found.keys:
             raise ConfigError(f"{table} has no primary key (or replica identity index) to read "
-                              "it in chunks by: add one")
+                              "it in chunks by: add one, or give its columns in "
+                              "spec.source.snapshot.key_columns (with REPLICA IDENTITY FULL)")
         estimate = found.estimate
         if estimate < 0:  # never analyzed: count, unless that would take long
             query = sql.SQL("SELECT CASE WHEN pg_relation_size({oid}) < {limit} THEN "
@@ -196,6 +203,8 @@ class PostgresChunks:
             assert snapshot is not None
             raw_rows = reader.execute(query, params).fetchall()
             more = len(raw_rows) > limit
+            if table.configured_key:
+                self._check_unique(table, raw_rows)
             del raw_rows[limit:]
             xmin, xmax, xip = snapshot[0].split(":")
             running = [int(x) for x in xip.split(",") if x]
@@ -220,6 +229,24 @@ class PostgresChunks:
                          hidden={str(x & 0xFFFFFFFF) for x in running},
                          hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},
                          forgettable=_precedes(int(xmin)))
+
+    @staticmethod
+    def _check_unique(table: _Table, raw_rows: list[tuple[Any, ...]]) -> None:
+        """A key from `snapshot.key_columns` has no constraint behind it: two rows with the
+        same key would be one to the merger, or split by a chunk boundary (the next chunk
+        starts after the key). Sorted rows put such rows side by side, here or across the
+        boundary (the extra row read to tell whether more follow)."""
+        columns = [c.name for c in table.relation.columns]
+        index = [columns.index(k) for k in table.keys]
+        previous = None
+        for raw in raw_rows:
+            key = [raw[i] for i in index]
+            if key == previous:
+                raise ConfigError(
+                    f"spec.source.snapshot.key_columns: {table.schema}.{table.name} has two rows "
+                    f"with {', '.join(table.keys)} = {', '.join(map(str, key))}; give columns "
+                    "that are unique (and not null)")
+            previous = key
 
     def _settled(self, xids: list[int]) -> list[int]:
         """Of transactions that started before the table's snapshot did (so their commit

@@ -277,13 +277,18 @@ def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
                       "tables: [public.orders], snapshot: {mode: initial_only, chunk_size: 500}}")
     snapshot = parse_pipeline(pg, env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
     assert (snapshot.mode, snapshot.chunk_size) == ("initial_only", 500)
-    when_needed = parse_pipeline(pg.replace("initial_only", "when_needed"),
-                                 env={"PG_DSN": "postgresql://h/db"})
-    assert when_needed.spec.source.snapshot.mode == "when_needed"
+    when_needed = parse_pipeline(pg.replace("initial_only", "when_needed").replace(
+        "chunk_size: 500", "key_columns: {public.orders: [region, n]}"),
+        env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
+    assert when_needed.mode == "when_needed"
+    assert when_needed.key_columns == {"public.orders": ["region", "n"]}
     for bad, match in [("mode: sometimes", r"snapshot\.mode"),
                        ("chunk_size: 0", r"snapshot\.chunk_size"),
                        ("parallelism: 2", r"snapshot\.parallelism"),
-                       ("key_columns: {public.orders: [id]}", r"snapshot\.key_columns")]:
+                       ("key_columns: {public.other: [id]}", "does not select"),
+                       ("key_columns: {public.orders: []}", r"snapshot\.key_columns"),
+                       ("key_columns: {public.orders: [a, a]}", "each column once"),
+                       ("key_columns: {public.ord%: [a]}", "no wildcards")]:
         text = GOOD.replace("tables: [public.orders, shop.order_%]}",
                             f"tables: [public.orders], snapshot: {{{bad}}}}}")
         with pytest.raises(ConfigError, match=match):

@@ -6,7 +6,7 @@ import re
 import string
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -24,6 +24,7 @@ from tailrace.config._dsn import check_mysql_dsn, check_postgres_dsn
 from tailrace.config._expressions import compile_expression
 from tailrace.config._units import parse_duration, parse_size
 from tailrace.logs import redact_mapping
+from tailrace.tables import TableMatcher
 
 _TABLE_PATTERN = re.compile(r"^[A-Za-z0-9_%*$]+\.[A-Za-z0-9_%*$]+(\.[A-Za-z0-9_%*$]+)?$")
 # what `sinks/templates.render` fills in
@@ -165,6 +166,21 @@ class SnapshotSpec(_Spec):
     # read every table again, without waiting for `tailrace resnapshot`
     mode: Literal["never", "initial", "initial_only", "when_needed"] = "never"
     chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
+    # a key for a table without one of its own (schema.table: [columns]): its chunks are
+    # read by it and its events, streamed and read, are keyed by it (PostgreSQL: the table
+    # needs REPLICA IDENTITY FULL, so that updates and deletes carry those columns)
+    key_columns: dict[str, Annotated[list[str], Field(min_length=1)]] = {}
+
+    @field_validator("key_columns")
+    @classmethod
+    def _key_columns(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for table, columns in value.items():
+            if len(table.split(".")) != 2 or not all(table.split(".")) or "*" in table \
+                    or "%" in table:
+                raise ValueError(f"{table!r}: name one table as schema.table (no wildcards)")
+            if len(set(columns)) != len(columns) or not all(columns):
+                raise ValueError(f"{table}: {columns} must name each column once")
+        return value
 
 
 class _SourceBase(_Spec):
@@ -175,6 +191,15 @@ class _SourceBase(_Spec):
     snapshot: SnapshotSpec = SnapshotSpec()
     epoch_ms: Annotated[int, Field(ge=0)] = 200
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
+
+    @model_validator(mode="after")
+    def _key_columns_selected(self) -> Self:
+        matcher = TableMatcher(self.tables)
+        for table in self.snapshot.key_columns:
+            if not matcher.matches(*table.split(".")):
+                raise ValueError(f"snapshot.key_columns names {table}, which spec.source.tables "
+                                 f"({', '.join(self.tables)}) does not select")
+        return self
 
 
 class PostgresSourceSpec(_SourceBase):
@@ -195,6 +220,9 @@ class MysqlSourceSpec(_SourceBase):
         if self.snapshot.mode != "never":
             raise ValueError(f"snapshot.mode {self.snapshot.mode!r} is not available for mysql "
                              "sources yet (PostgreSQL only); use mode: never")
+        if self.snapshot.key_columns:
+            raise ValueError("snapshot.key_columns is not available for mysql sources yet "
+                             "(PostgreSQL only)")
         return self
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_mysql_dsn)))

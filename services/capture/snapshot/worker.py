@@ -173,7 +173,8 @@ class SnapshotWorker:
                         state.tables.add(table=table, state=pb.SNAPSHOT_FAILED,
                                          updated_unix_ms=now,
                                          reason=f"{table} has no primary key to read it in "
-                                                "chunks by: add one")
+                                                "chunks by: add one, or name its key in "
+                                                "spec.source.snapshot.key_columns")
                         continue
                     state.tables.add(table=table, state=pb.SNAPSHOT_PENDING,
                                      requested_unix_ms=now, updated_unix_ms=now,
