@@ -144,10 +144,11 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
     def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
                          database: str, tables: list[tuple[str, str]]) -> SnapshotWorker:
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
-        chunks = PostgresChunks(self.dsn, self.source.id, self.pipeline.tenant, database,
-                                self.source.snapshot.key_columns)
-        selected = {f"{s}.{t}": chunks.key_columns(f"{s}.{t}") for s, t in tables}
-        return SnapshotWorker(self.pipeline, self.control, chunks, merger, progress,
+        snapshot = self.source.snapshot
+        readers = [PostgresChunks(self.dsn, self.source.id, self.pipeline.tenant, database,
+                                  snapshot.key_columns) for _ in range(snapshot.parallelism)]
+        selected = {f"{s}.{t}": readers[0].key_columns(f"{s}.{t}") for s, t in tables}
+        return SnapshotWorker(self.pipeline, self.control, readers, merger, progress,
                               selected, self.metrics, on_all_done=self.lifecycle.stop)
 
     def _prepare(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],

@@ -11,6 +11,7 @@ is replayed key by key:
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -82,9 +83,11 @@ def row_of(event: ChangeEvent, image: Any) -> tuple[tuple[str, tuple[str, ...]],
 class Writer(threading.Thread):
     """Inserts, updates and deletes keys across every table's range until stopped."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, per_second: int = 0) -> None:
+        """`per_second`: at most that many transactions a second (0: as fast as it can)."""
         super().__init__(daemon=True)
         self.dsn = dsn
+        self.per_second = per_second
         self.stopped = threading.Event()
         self.transactions = 0
         self.error: BaseException | None = None
@@ -92,12 +95,17 @@ class Writer(threading.Thread):
     def run(self) -> None:
         rng = random.Random(14)
         try:
+            started = time.monotonic()
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.stopped.is_set():
                     with conn.transaction():
                         for _ in range(rng.randint(1, 5)):
                             self._change(conn, rng)
                     self.transactions += 1
+                    if self.per_second:
+                        ahead = self.transactions / self.per_second - (time.monotonic() - started)
+                        if ahead > 0:
+                            time.sleep(ahead)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
@@ -179,7 +187,13 @@ def check_bus(view: BusView, seeded: dict[Any, tuple[str, ...]],
             known.pop(key, None)
             counts["change"] += 1
     twice = [k for k, n in reads.items() if n > 1]
-    assert not twice, f"{len(twice)} keys read twice, e.g. {twice[:3]}"
+    if twice:
+        history = [(o, p, e.op, e.position.tx_seq, e.tx_id, e.tx_size, e.snapshot.chunk)
+                   for p, o, e in view.events
+                   if row_of(e, e.after if e.after.columns else e.before)[0] == twice[0]]
+        raise AssertionError(f"{len(twice)} keys read twice, e.g. {twice[:3]}; every event of "
+                             f"{twice[0]} on the bus (offset, partition, op, tx_seq, tx, size, "
+                             "chunk):\n" + "\n".join(map(str, history)))
     missing = set(final) - set(replay)
     extra = set(replay) - set(final)
     assert not missing and not extra, (f"{len(missing)} rows missing on the bus, e.g. "
@@ -245,7 +259,7 @@ def test_initial_snapshot_killed_three_times_completes_without_a_duplicate(
                       snapshot={"mode": "initial", "chunk_size": 2_000})
     capture = rig.start()
     capture.wait_streaming()
-    writer = Writer(pg_db)
+    writer = Writer(pg_db, per_second=1_000)  # ~3,000 changes/s: the run's length is bounded
     writer.start()
     for target in (10, 25, 40):
         deadline = time.monotonic() + 300
@@ -377,6 +391,10 @@ def test_initial_only_reads_every_table_then_exits_0(pg_db: str, capture_rig: An
     assert counts["read"] == len(seeded) and counts["change"] == 0
     lasts = [e for _, _, e in view.events if e.snapshot.last]
     assert sorted(e.table for e in lasts) == sorted(TABLES), "one `last` read per table"
+    # parallelism 2 (the default): two readers, so two tables were read at once
+    spans = sorted((t.started_unix_ms, t.updated_unix_ms)
+                   for t in rig.control.client.snapshot_state(rig.name).tables)
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
 
 
 def test_initial_snapshots_a_table_that_starts_matching_later(pg_db: str,

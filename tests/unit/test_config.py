@@ -276,7 +276,7 @@ def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
     pg = GOOD.replace("tables: [public.orders, shop.order_%]}",
                       "tables: [public.orders], snapshot: {mode: initial_only, chunk_size: 500}}")
     snapshot = parse_pipeline(pg, env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
-    assert (snapshot.mode, snapshot.chunk_size) == ("initial_only", 500)
+    assert (snapshot.mode, snapshot.chunk_size, snapshot.parallelism) == ("initial_only", 500, 2)
     when_needed = parse_pipeline(pg.replace("initial_only", "when_needed").replace(
         "chunk_size: 500", "key_columns: {public.orders: [region, n]}"),
         env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
@@ -284,7 +284,8 @@ def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
     assert when_needed.key_columns == {"public.orders": ["region", "n"]}
     for bad, match in [("mode: sometimes", r"snapshot\.mode"),
                        ("chunk_size: 0", r"snapshot\.chunk_size"),
-                       ("parallelism: 2", r"snapshot\.parallelism"),
+                       ("parallelism: 0", r"snapshot\.parallelism"),
+                       ("parallelism: 17", r"snapshot\.parallelism"),
                        ("key_columns: {public.other: [id]}", "does not select"),
                        ("key_columns: {public.orders: []}", r"snapshot\.key_columns"),
                        ("key_columns: {public.orders: [a, a]}", "each column once"),

@@ -166,6 +166,8 @@ class SnapshotSpec(_Spec):
     # read every table again, without waiting for `tailrace resnapshot`
     mode: Literal["never", "initial", "initial_only", "when_needed"] = "never"
     chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
+    # tables read at once, each by its own connection (one table: one connection, in order)
+    parallelism: Annotated[int, Field(ge=1, le=16)] = 2
     # a key for a table without one of its own (schema.table: [columns]): its chunks are
     # read by it and its events, streamed and read, are keyed by it (PostgreSQL: the table
     # needs REPLICA IDENTITY FULL, so that updates and deletes carry those columns)

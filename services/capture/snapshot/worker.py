@@ -8,7 +8,8 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from tailrace.bus import BusReader
 from tailrace.config import PipelineSpec
@@ -32,20 +33,35 @@ IDLE_POLL_S = 1.0
 SCAN_TIMEOUT_S = 60.0
 RETRY_S = 2.0
 FAILURES_BEFORE_FAILED = 3
+SETTLE_S, SETTLE_CHECKS = 0.5, 4  # a part-way chunk: the bus end must not move for 2 s
 _READ = Op.OP_SNAPSHOT_READ
+
+
+@dataclass
+class _OnBus:
+    """What a restart found of one read transaction: its keys, its size, and where."""
+
+    size: int
+    keys: set[Key] = field(default_factory=set)
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition: [from, to)
 
 
 class SnapshotWorker:
     """Reads the tables the snapshot record asks for, one chunk at a time (module
-    docstring). Runs for one capture session; `stop()` ends it."""
+    docstring). Runs for one capture session; `stop()` ends it.
 
-    def __init__(self, pipeline: PipelineSpec, control: ControlClient, source: ChunkSource,
-                 merger: SnapshotMerger, progress: SnapshotProgress,
-                 selected: dict[str, tuple[str, ...]], metrics: CaptureMetrics, *,
-                 on_all_done: Callable[[], None]) -> None:
+    One reader thread per source in `sources` (`snapshot.parallelism`, each with its own
+    connection): readers take different tables; a table is read by one reader, chunk
+    after chunk, so its cursor stays one key."""
+
+    def __init__(self, pipeline: PipelineSpec, control: ControlClient,
+                 sources: Sequence[ChunkSource], merger: SnapshotMerger,
+                 progress: SnapshotProgress, selected: dict[str, tuple[str, ...]],
+                 metrics: CaptureMetrics, *, on_all_done: Callable[[], None]) -> None:
         self.pipeline = pipeline
         self.control = control
-        self.source = source
+        self.sources = list(sources)
+        self.source = self.sources[0]  # for what any reader may answer (keys, plans)
         self.merger = merger
         self.progress = progress
         self.selected = selected
@@ -54,7 +70,12 @@ class SnapshotWorker:
         self.on_all_done = on_all_done
         self.metrics = metrics
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="snapshot", daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(source,),
+                                          name=f"snapshot-{n}", daemon=True)
+                         for n, source in enumerate(self.sources)]
+        self._lock = threading.Lock()
+        self._reading: set[str] = set()  # tables a reader has taken
+        self._all_done = False
         self._added: deque[str] = deque()
         self._exclude: dict[str, set[Key]] = {}  # keys on the bus already, per table
 
@@ -72,7 +93,8 @@ class SnapshotWorker:
                 except ConfigError:
                     continue  # the table's reading reports it
                 self._exclude[entry.table] = self._recover(entry, plan)[1]
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def add_tables(self, tables: list[str]) -> None:
         """Tables selected while streaming (thread-safe): reported, and under `initial`
@@ -81,72 +103,137 @@ class SnapshotWorker:
 
     def _recover(self, entry: pb.SnapshotTable, plan: TablePlan
                  ) -> tuple[pb.SnapshotTable, set[Key]]:
-        """Chunks were handed to the bus when capture stopped (`inflight`). Those in a
-        recorded epoch, or whole on the bus after it, are done, in chunk order: the cursor
-        moves past them. From the first one that is not, the table is read again, without
-        the keys of any in-flight chunk the bus holds."""
+        """Chunks were handed to the bus when capture stopped (`inflight`; a chunk read
+        again after a restart is another attempt of the same number). A chunk whose
+        latest attempt is in a recorded epoch, or whole on the bus after it, is done, in
+        chunk order: the cursor moves past them. From the first one that is not, the
+        table is read again, without the keys of any attempt the bus holds.
+
+        An attempt found part-way is kept in the record with where its events are on the
+        bus (`partial_from`/`partial_to`), until its chunk is done: a restart before then
+        reads the same keys there (by then, epochs of later processes may number past
+        it, so the epoch rule cannot tell it was cut)."""
         epoch = self.control.latest_epoch(self.pipeline.spec.source.id)
         covered = epoch.position.tx_seq if epoch is not None else 0
-        chunks = sorted(entry.inflight, key=lambda c: c.chunk)
-        found = self._scan_bus(entry, plan, epoch, {c.tx_seq for c in chunks
-                                                    if c.tx_seq > covered})
+        attempts = sorted(entry.inflight, key=lambda c: (c.chunk, c.tx_seq))
+        found = self._scan_bus(entry, plan, epoch, {c.tx_seq for c in attempts
+                                                    if not c.partial_from and
+                                                    c.tx_seq > covered})
+        found.update(self._scan_partial(entry, plan, [c for c in attempts if c.partial_from]))
+        latest = {c.chunk: c for c in attempts}  # per chunk number, its latest attempt
         done: list[pb.SnapshotChunk] = []
-        for chunk in chunks:
-            keys, size = found.get(chunk.tx_seq, (set(), 0))
-            whole = chunk.tx_seq <= covered or (size > 0 and len(keys) == size)
+        for number in sorted(latest):
+            chunk = latest[number]
+            on_bus = found.get(chunk.tx_seq)
+            whole = not chunk.partial_from and (
+                chunk.tx_seq <= covered or (on_bus is not None and len(on_bus.keys) ==
+                                            on_bus.size > 0))
             log.info("snapshot chunk found after a restart", table=entry.table,
                      chunk=chunk.chunk, whole=whole,
-                     rows_on_bus="all (in a recorded epoch)" if chunk.tx_seq <= covered
-                     else len(keys))
+                     rows_on_bus="all (in a recorded epoch)" if whole and not on_bus
+                     else len(on_bus.keys) if on_bus else 0)
             if not whole:
                 break
             done.append(chunk)
+        finished = {c.chunk for c in done}
         exclude: set[Key] = set()
-        for chunk in chunks[len(done):]:
-            exclude |= found.get(chunk.tx_seq, (set(), 0))[0]
+        partial: list[pb.SnapshotChunk] = []
+        newly_found = 0
+        for attempt in attempts:
+            on_bus = found.get(attempt.tx_seq)
+            if attempt.chunk in finished or on_bus is None or not on_bus.keys:
+                continue
+            exclude |= on_bus.keys
+            kept = pb.SnapshotChunk()
+            kept.CopyFrom(attempt)
+            if not attempt.partial_from:  # found part-way now: counted once, kept
+                newly_found += len(on_bus.keys)
+                for partition, (first, after) in on_bus.ranges.items():
+                    kept.partial_from[partition] = first
+                    kept.partial_to[partition] = after
+            partial.append(kept)
         fields: dict[str, object] = {"inflight": [],
-                                     "rows_done": entry.rows_done + len(exclude)
+                                     "rows_done": entry.rows_done + newly_found
                                      + sum(c.rows for c in done)}
         if done:
             fields.update(cursor=done[-1].cursor, chunks_done=done[-1].chunk)
             if done[-1].last:
                 fields["state"] = pb.SNAPSHOT_DONE
-        updated = self._set(entry.table, entry.request_id, **fields)
+        updated = self._set(entry.table, entry.request_id,
+                            lambda stored: stored.inflight.extend(partial), **fields)
         return updated or entry, exclude
 
+    def _reader(self) -> BusReader:
+        bus = self.pipeline.spec.bus
+        return BusReader(bus.brokers, self.pipeline.bus_topic, client_config=bus.client_config,
+                         client_id=f"tailrace-capture-snapshot-{self.pipeline.spec.source.id}",
+                         committed_only=False)
+
     def _scan_bus(self, entry: pb.SnapshotTable, plan: TablePlan, epoch: pb.Epoch | None,
-                  positions: set[int]) -> dict[int, tuple[set[Key], int]]:
-        """Keys and transaction size of the read transactions at `positions` on the bus
-        after the latest epoch."""
-        found: dict[int, tuple[set[Key], int]] = {}
+                  positions: set[int]) -> dict[int, _OnBus]:
+        """The read transactions at `positions` on the bus after the latest epoch."""
+        found: dict[int, _OnBus] = {}
         if not positions:
             return found
-        bus = self.pipeline.spec.bus
-        with BusReader(bus.brokers, self.pipeline.bus_topic, client_config=bus.client_config,
-                       client_id=f"tailrace-capture-snapshot-{self.pipeline.spec.source.id}",
-                       committed_only=False) as reader:
-            for partition in range(bus.partitions):
+        with self._reader() as reader:
+            for partition in range(self.pipeline.spec.bus.partitions):
                 # up to the end as it is now: the chunks were published by an earlier
-                # process, and the stream of this one keeps the end moving
+                # process (this one publishes nothing before `start()` returns)
                 start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
                 end = reader.end_offset(partition)
-                for _, values in reader.read_range(partition, start, end, SCAN_TIMEOUT_S):
-                    for value in values:
-                        record = decode_record(value)
-                        if record.WhichOneof("record") != "event":
-                            continue
-                        event = record.event
-                        if (event.op == _READ and event.position.tx_seq in positions
-                                and event.snapshot.request_id == entry.request_id):
-                            keys, _ = found.setdefault(event.position.tx_seq, (set(), 0))
-                            keys.add(key_of(event.after, plan.key_columns))
-                            found[event.position.tx_seq] = (keys, event.tx_size)
+                self._collect(reader, partition, start, end, entry, plan, positions, found)
+                # A broker may still be appending what the stopped process sent: while an
+                # attempt is found part-way, read on until the end stops moving.
+                quiet = 0
+                while quiet < SETTLE_CHECKS and any(
+                        len(f.keys) < f.size for f in found.values()):
+                    time.sleep(SETTLE_S)
+                    later = reader.end_offset(partition)
+                    if later == end:
+                        quiet += 1
+                        continue
+                    log.warning("the bus was still receiving what the stopped capture sent",
+                                table=entry.table, partition=partition, offsets=later - end)
+                    self._collect(reader, partition, end, later, entry, plan, positions, found)
+                    end, quiet = later, 0
         return found
+
+    def _scan_partial(self, entry: pb.SnapshotTable, plan: TablePlan,
+                      attempts: list[pb.SnapshotChunk]) -> dict[int, _OnBus]:
+        """Attempts an earlier restart found part-way, where it found them."""
+        found: dict[int, _OnBus] = {}
+        if not attempts:
+            return found
+        with self._reader() as reader:
+            for attempt in attempts:
+                for partition, first in attempt.partial_from.items():
+                    self._collect(reader, partition, first, attempt.partial_to[partition],
+                                  entry, plan, {attempt.tx_seq}, found)
+        return found
+
+    @staticmethod
+    def _collect(reader: BusReader, partition: int, start: int, end: int,
+                 entry: pb.SnapshotTable, plan: TablePlan, positions: set[int],
+                 found: dict[int, _OnBus]) -> None:
+        for offsets, values in reader.read_range(partition, start, end, SCAN_TIMEOUT_S):
+            for offset, value in zip(offsets, values, strict=True):
+                record = decode_record(value)
+                if record.WhichOneof("record") != "event":
+                    continue
+                event = record.event
+                if (event.op == _READ and event.position.tx_seq in positions
+                        and event.snapshot.request_id == entry.request_id):
+                    on_bus = found.setdefault(event.position.tx_seq, _OnBus(event.tx_size))
+                    on_bus.keys.add(key_of(event.after, plan.key_columns))
+                    first, after = on_bus.ranges.get(partition, (offset, offset + 1))
+                    on_bus.ranges[partition] = (min(first, offset), max(after, offset + 1))
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(10.0)
-        self.source.close()
+        for thread in self._threads:
+            thread.join(10.0)
+        for source in self.sources:
+            source.close()
 
     def _report_selected(self, resnapshot: str = "") -> None:
         """Tell the control service what capture selects (what requests are checked
@@ -185,25 +272,33 @@ class SnapshotWorker:
 
         self.progress.change(edit)
 
-    def _run(self) -> None:
-        """Tables one after the other; a table whose reading fails FAILURES_BEFORE_FAILED
-        times in a row is marked failed with the error (streaming goes on)."""
+    def _run(self, source: ChunkSource) -> None:
+        """One reader: tables one after the other, each one no other reader has taken; a
+        table whose reading fails FAILURES_BEFORE_FAILED times in a row is marked failed
+        with the error (streaming goes on)."""
         failures: dict[tuple[str, int], int] = {}
         while not self._stopped.is_set():
             try:
-                if self._added:
-                    while self._added:
-                        table = self._added.popleft()
-                        self.selected[table] = self.source.key_columns(table)
+                with self._lock:
+                    added = [self._added.popleft() for _ in range(len(self._added))]
+                if added:
+                    for table in added:
+                        self.selected[table] = source.key_columns(table)
                     self._report_selected()
                 state = self.progress.read()
-                todo = [t for t in state.tables if t.state in ACTIVE and t.table in self.selected]
-                if not todo:
-                    if self.mode == "initial_only":
+                with self._lock:
+                    todo = [t for t in state.tables if t.state in ACTIVE
+                            and t.table in self.selected and t.table not in self._reading]
+                    if todo:
+                        self._reading.add(todo[0].table)
+                    elif not self._reading and self.mode == "initial_only" and \
+                            not self._all_done:
+                        self._all_done = True
                         log.info("initial snapshot complete; stopping (snapshot.mode "
                                  "initial_only)")
                         self.on_all_done()
                         return
+                if not todo:
                     self._stopped.wait(IDLE_POLL_S)
                     continue
                 entry = todo[0]
@@ -212,7 +307,7 @@ class SnapshotWorker:
                 self._stopped.wait(RETRY_S)
                 continue
             try:
-                self._read_table(entry)
+                self._read_table(entry, source)
             except Exception as e:  # noqa: BLE001 - counted, then the table is failed
                 if self._stopped.is_set():
                     return
@@ -225,11 +320,18 @@ class SnapshotWorker:
                         self._set(entry.table, entry.request_id, state=pb.SNAPSHOT_FAILED,
                                   reason=f"{type(e).__name__}: {e}")
                 self._stopped.wait(RETRY_S)
+            finally:
+                with self._lock:
+                    self._reading.discard(entry.table)
 
-    def _read_table(self, entry: pb.SnapshotTable) -> None:
+    def _read_table(self, entry: pb.SnapshotTable, source: ChunkSource) -> None:
         table, request_id = entry.table, entry.request_id
+        fresh = self.progress.table(self.progress.read(), table)  # another reader may have
+        if fresh is None or fresh.request_id != request_id or fresh.state not in ACTIVE:
+            return  # finished it since `entry` was read
+        entry = fresh
         try:
-            plan = self.source.plan(table)
+            plan = source.plan(table)
         except ConfigError as e:
             self._set(table, request_id, state=pb.SNAPSHOT_FAILED, reason=str(e))
             return
@@ -242,7 +344,7 @@ class SnapshotWorker:
                 return
         self.merger.record(table, plan.key_columns)
         try:
-            self.source.begin_table(plan)
+            source.begin_table(plan)
             now = int(time.time() * 1000)
             self._set(table, request_id, state=pb.SNAPSHOT_RUNNING, rows_estimated=plan.estimate,
                       **({"started_unix_ms": now} if entry.state == pb.SNAPSHOT_PENDING else {}))
@@ -259,8 +361,8 @@ class SnapshotWorker:
                     log.info("snapshot of table stopped", table=table,
                              state=pb.SnapshotTableState.Name(current.state) if current else None)
                     return
-                chunk = self._chunk(plan, cursor, request_id, number + 1, entry.where, exclude,
-                                    entry.reset and number == 0)
+                chunk = self._chunk(source, plan, cursor, request_id, number + 1, entry.where,
+                                    exclude, entry.reset and number == 0)
                 if chunk is None:
                     continue  # discarded: read it again
                 number, exclude = number + 1, set()
@@ -316,18 +418,19 @@ class SnapshotWorker:
                      rows_estimated=progress.estimate, rows_per_s=round(progress.rate),
                      chunks=chunk.chunk, done=chunk.last)
 
-    def _chunk(self, plan: TablePlan, cursor: list[str] | None, request_id: int, number: int,
-               where: str, exclude: set[Key], reset: bool) -> Chunk | None:
+    def _chunk(self, source: ChunkSource, plan: TablePlan, cursor: list[str] | None,
+               request_id: int, number: int, where: str, exclude: set[Key], reset: bool
+               ) -> Chunk | None:
         """Read and merge one chunk: the chunk once the stream passed its high watermark,
         or None when it was discarded (read it again). With `reset`, the table's TRUNCATE
         goes first, at the low watermark: every row is then read after it."""
         token = f"{self.pipeline.spec.source.id}:{request_id}:{plan.table}:{number}:" \
                 f"{time.time_ns()}"
         chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude,
-                      cleared=self.source.cleared(plan) if reset else None)
+                      cleared=source.cleared(plan) if reset else None)
         self.merger.open(token, chunk)
         try:
-            rows = self.source.read_chunk(plan, cursor, self.chunk_size, where, token)
+            rows = source.read_chunk(plan, cursor, self.chunk_size, where, token)
             chunk.last = not rows.more
             chunk.cursor = rows.cursor
 
@@ -341,7 +444,7 @@ class SnapshotWorker:
 
             chunk.before_publish = in_flight
             self.merger.fill(token, rows)
-            self.source.write_high(token)
+            source.write_high(token)
         except BaseException:
             self.merger.abandon(token)
             raise
