@@ -191,9 +191,16 @@ def check_bus(view: BusView, seeded: dict[Any, tuple[str, ...]],
         history = [(o, p, e.op, e.position.tx_seq, e.tx_id, e.tx_size, e.snapshot.chunk)
                    for p, o, e in view.events
                    if row_of(e, e.after if e.after.columns else e.before)[0] == twice[0]]
+        first_tx = history[0][3]
+        offsets = sorted(o for p, o, e in view.events if e.position.tx_seq == first_tx)
+        markers = [(o, m.epoch_id, m.position.tx_seq) for p, o, m in view.markers
+                   if offsets[0] - 50 <= o <= offsets[-1] + 50]
         raise AssertionError(f"{len(twice)} keys read twice, e.g. {twice[:3]}; every event of "
                              f"{twice[0]} on the bus (offset, partition, op, tx_seq, tx, size, "
-                             "chunk):\n" + "\n".join(map(str, history)))
+                             "chunk):\n" + "\n".join(map(str, history))
+                             + f"\nits first read's transaction: {len(offsets)} events at "
+                             f"offsets {offsets[0]}..{offsets[-1]}; epoch markers near: "
+                             f"{markers}")
     missing = set(final) - set(replay)
     extra = set(replay) - set(final)
     assert not missing and not extra, (f"{len(missing)} rows missing on the bus, e.g. "

@@ -10,15 +10,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from tailrace.bus import BusReader
+from confluent_kafka import KafkaError, Message, Producer
+
+from tailrace.bus import BusReader, producer_config
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, RetryableError
-from tailrace.events import decode_record
+from tailrace.events import decode_record, encode_epoch
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
-from tailrace.proto.event_pb2 import Op, Position
+from tailrace.proto.event_pb2 import EpochMarker, Op, Position
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan, key_of
 from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
@@ -33,7 +36,6 @@ IDLE_POLL_S = 1.0
 SCAN_TIMEOUT_S = 60.0
 RETRY_S = 2.0
 FAILURES_BEFORE_FAILED = 3
-SETTLE_S, SETTLE_CHECKS = 0.5, 4  # a part-way chunk: the bus end must not move for 2 s
 _READ = Op.OP_SNAPSHOT_READ
 
 
@@ -175,28 +177,44 @@ class SnapshotWorker:
         found: dict[int, _OnBus] = {}
         if not positions:
             return found
+        ends = self._fence(epoch)
         with self._reader() as reader:
-            for partition in range(self.pipeline.spec.bus.partitions):
-                # up to the end as it is now: the chunks were published by an earlier
-                # process (this one publishes nothing before `start()` returns)
+            for partition, end in ends.items():
                 start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
-                end = reader.end_offset(partition)
                 self._collect(reader, partition, start, end, entry, plan, positions, found)
-                # A broker may still be appending what the stopped process sent: while an
-                # attempt is found part-way, read on until the end stops moving.
-                quiet = 0
-                while quiet < SETTLE_CHECKS and any(
-                        len(f.keys) < f.size for f in found.values()):
-                    time.sleep(SETTLE_S)
-                    later = reader.end_offset(partition)
-                    if later == end:
-                        quiet += 1
-                        continue
-                    log.warning("the bus was still receiving what the stopped capture sent",
-                                table=entry.table, partition=partition, offsets=later - end)
-                    self._collect(reader, partition, end, later, entry, plan, positions, found)
-                    end, quiet = later, 0
         return found
+
+    def _fence(self, epoch: pb.Epoch | None) -> dict[int, int]:
+        """Where each partition ends after everything an earlier process sent: the offset of
+        a marker written now (the latest epoch's, again: nothing new for delivery). Asking
+        the broker for the end is not enough: the test broker, after a kill -9 of the
+        producer, kept its high watermark below records it had appended until something
+        more was written, and a chunk found short there is read twice."""
+        bus = self.pipeline.spec.bus
+        source_id = self.pipeline.spec.source.id
+        producer = Producer(producer_config(bus.brokers, f"tailrace-capture-fence-{source_id}",
+                                            bus.client_config))
+        ends: dict[int, int] = {}
+        errors: list[str] = []
+
+        def acked(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                ends[cast(int, msg.partition())] = cast(int, msg.offset())
+
+        now_us = time.time_ns() // 1000
+        for partition in range(bus.partitions):
+            marker = EpochMarker(epoch_id=epoch.epoch_id if epoch is not None else 0,
+                                 source_id=source_id, partition=partition, ts_micros=now_us,
+                                 position=epoch.position if epoch is not None else None)
+            producer.produce(self.pipeline.bus_topic, encode_epoch(marker),
+                             partition=partition, on_delivery=acked)
+        left = producer.flush(SCAN_TIMEOUT_S)
+        if errors or left or len(ends) < bus.partitions:
+            raise RetryableError("cannot write to the bus to find where an earlier capture's "
+                                 f"snapshot chunks end: {'; '.join(errors) or 'no answer'}")
+        return ends
 
     def _scan_partial(self, entry: pb.SnapshotTable, plan: TablePlan,
                       attempts: list[pb.SnapshotChunk]) -> dict[int, _OnBus]:
