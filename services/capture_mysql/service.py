@@ -11,7 +11,10 @@ Each session:
 3. compares the server's identity with the stored one and checks the checkpoint
    (and a start past it) is reachable, or reconciles (`identity.py`, `position.py`);
 4. streams: the binlog by GTID (`reader.py`), turned into events (`events.py`),
-   through the shared assembler to the bus, until stopped or the connection breaks.
+   through the snapshot merger and the shared assembler to the bus, until stopped or
+   the connection breaks; beside it, the snapshot reader (`snapshot.py`, the shared
+   `tailrace_services.capture.snapshot`) reads the tables the snapshot record asks for,
+   writing its watermarks to the signal table (`signal_table.py`).
 
 What an error means is `errors.py`; transient failures start a new session after a
 backoff with jitter, fatal ones are reported and raised (`lifecycle.py`). A lost
@@ -30,6 +33,7 @@ from tailrace.control_client import ControlClient
 from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_mysql.connection import (
     ConnectionSettings,
     ServerFacts,
@@ -46,6 +50,8 @@ from tailrace_services.capture_mysql.identity import (
 from tailrace_services.capture_mysql.position import CapturePosition, accepts, resume_from
 from tailrace_services.capture_mysql.reader import BinlogStream
 from tailrace_services.capture_mysql.schema import SchemaTracker
+from tailrace_services.capture_mysql.signal_table import SignalTable
+from tailrace_services.capture_mysql.snapshot import MysqlChunks
 from tailrace_services.capture_mysql.tables import TableFilter
 
 __all__ = ["MysqlCapture", "default_replica_server_id"]
@@ -71,7 +77,10 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         self.settings = ConnectionSettings.from_dsn(source.dsn.get_secret_value())
         self.replica_server_id = source.server_id or default_replica_server_id(
             pipeline.name, source.id)
-        self.filter = TableFilter(source.tables)
+        self.signal = SignalTable.parse(source.snapshot.signal_table)
+        self.filter = TableFilter(source.tables,
+                                  exclude=[(self.signal.database, self.signal.table)])
+        self._registered = False
         self.heartbeat_s = 0.5
         self.read_timeout_s = 10.0
 
@@ -81,7 +90,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                         "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY 1, 2")
             return [(str(d), str(t)) for d, t in cur.fetchall() if self.filter.matches(d, t)]
 
-    def _prepare(self) -> tuple[ServerFacts, CapturePosition]:
+    def _prepare(self) -> tuple[ServerFacts, CapturePosition, list[tuple[str, str]]]:
         conn = connect(self.settings)
         try:
             facts = read_facts(conn, self.settings, self.replica_server_id, self.source.id)
@@ -96,7 +105,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                 check.position(self.settings.kwargs(), facts, start, same)
             log.info("tables selected", tables=[f"{d}.{t}" for d, t in tables])
             self._warn_keyless(conn, tables)
-            return facts, start
+            return facts, start, tables
         finally:
             conn.close()
 
@@ -116,7 +125,10 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
 
     def _session(self) -> None:
         """One connection: checks, then stream until stopped."""
-        facts, start = self._prepare()
+        if not self._registered:  # the snapshot record belongs to a registered pipeline
+            self.control.register_pipeline(self.pipeline)
+            self._registered = True
+        facts, start, tables = self._prepare()
         stream = BinlogStream(
             self.settings.kwargs(), replica_server_id=self.replica_server_id,
             start=start.state(),
@@ -126,13 +138,29 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             stream, EventFactory(self.source.id, self.pipeline.tenant),
             SchemaTracker(self.control, self.pipeline.tenant, self.settings, facts.flavor),
             self.filter, self.settings, self.metrics, start=start, server_id=facts.server_id,
-            identity=identity_fingerprint(facts.flavor, identity_attributes(facts)))
+            identity=identity_fingerprint(facts.flavor, identity_attributes(facts)),
+            signal=self.signal)
+        merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
+        worker = self._snapshot_worker(merger, facts, tables)
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
+                worker.start()  # before anything of this session is published
                 self.lifecycle.streaming()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),
                          replica_server_id=self.replica_server_id)
-                assembler.run(feed.items(), stopped=lambda: self.lifecycle.stopping)
+                assembler.run(merger.items(feed.items()),
+                              stopped=lambda: self.lifecycle.stopping)
         finally:
+            worker.stop()
             stream.close()
+
+    def _snapshot_worker(self, merger: SnapshotMerger, facts: ServerFacts,
+                         tables: list[tuple[str, str]]) -> SnapshotWorker:
+        """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
+        chunks = MysqlChunks(self.settings, self.source.id, self.pipeline.tenant, facts.flavor,
+                             self.signal, self.control)
+        selected = {f"{d}.{t}": chunks.key_columns(f"{d}.{t}") for d, t in tables}
+        return SnapshotWorker(self.pipeline, self.control, chunks, merger,
+                              SnapshotProgress(self.control, self.pipeline, self.source_type),
+                              selected, self.metrics, on_all_done=self.lifecycle.stop)
