@@ -95,7 +95,9 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         try:
             facts = read_facts(conn, self.settings, self.replica_server_id, self.source.id)
             tables = self._selected_tables(conn)
-            checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts)
+            # a new pipeline that snapshots its tables first streams from now on
+            checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts,
+                                            from_now=self.source.snapshot.mode != "never")
             check = ServerCheck(self.control, self.source.id, self.pipeline.tenant,
                                 self.replica_server_id, self.source.on_schema_drift)
             # The checkpoint decides the reconcile; with none yet, where we start does.
