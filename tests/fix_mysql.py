@@ -307,16 +307,18 @@ def mysql_rig(tmp_path: Path, control: Control, kafka_broker: KafkaBroker
     rigs: list[CaptureRig] = []
 
     def make(server: MariaDBServer, tables: list[str], *, snapshot: dict[str, Any] | None = None,
-             epoch_ms: int = 200) -> CaptureRig:
+             epoch_ms: int = 200, dsn: str | None = None) -> CaptureRig:
+        """`dsn`: another user's (default root's)."""
         name = f"myc-{uuid.uuid4().hex[:10]}"
-        spec_path = write_spec(tmp_path, dsn=server.dsn(), brokers=kafka_broker.bootstrap,
+        dsn = dsn or server.dsn()
+        spec_path = write_spec(tmp_path, dsn=dsn, brokers=kafka_broker.bootstrap,
                                control=control.address, tables=tables, epoch_ms=epoch_ms,
                                name=name)
         if snapshot:
             text = spec_path.read_text().replace(
                 "    on_schema_drift:", f"    snapshot: {json.dumps(snapshot)}\n    on_schema_drift:")
             spec_path.write_text(text)
-        rig = CaptureRig(tmp_path, name, server.dsn(), control, kafka_broker.bootstrap, 1,
+        rig = CaptureRig(tmp_path, name, dsn, control, kafka_broker.bootstrap, 1,
                          spec_path)
         rigs.append(rig)
         return rig

@@ -466,3 +466,46 @@ def test_a_snapshot_read_equals_the_streamed_insert_of_the_same_row_column_by_co
             (streamed.schema_version, streamed.schema_sequence)
         assert (read.database, read.table) == (streamed.database, streamed.table)
     print(f"\n{compared} values compared, read == streamed")
+
+
+def test_a_user_who_may_not_create_the_signal_table_is_told_what_to_run(
+        mariadb_server: MariaDBServer, db: str, mysql_rig: Any) -> None:
+    """The capture user has only what streaming needs: the snapshot fails at once with the
+    statements to run; an administrator runs them and the next request reads the table."""
+    mariadb_server.execute("CREATE TABLE t (id int PRIMARY KEY)", db=db)
+    mariadb_server.execute("INSERT INTO t SELECT seq FROM seq_1_to_100", db=db)
+    user = f"cap_{uuid.uuid4().hex[:8]}"
+    mariadb_server.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY 'pw'")
+    mariadb_server.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO "
+                           f"'{user}'@'127.0.0.1'")
+    signal = f"sig_{db}.signal"
+    dsn = f"mysql://{user}:pw@{mariadb_server.host}:{mariadb_server.port}"
+    rig = mysql_rig(mariadb_server, [f"{db}.t"], dsn=dsn,
+                    snapshot={"mode": "never", "signal_table": signal})
+    capture = rig.start()
+    capture.wait_streaming()
+    deadline = time.monotonic() + 60
+    while not rig.control.client.snapshot_state(rig.name).selected:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    rig.control.client.request_snapshot(rig.name, [f"{db}.t"])
+    deadline = time.monotonic() + 60
+    while (entry := _entry(rig, f"{db}.t")).state != pb.SNAPSHOT_FAILED:
+        assert time.monotonic() < deadline, entry
+        time.sleep(0.1)
+    refused = entry.reason
+    assert "spec.source.snapshot.signal_table" in refused, refused
+    fix = refused.split("run as an administrator: ")[1].split("; or name another")[0]
+    assert f"TO '{user}'@'127.0.0.1'" in fix and "CREATE TABLE IF NOT EXISTS" in fix, fix
+    assert ":pw@" not in refused
+    for statement in fix.split("; "):
+        mariadb_server.execute(statement)
+    rig.control.client.request_snapshot(rig.name, [f"{db}.t"])
+    deadline = time.monotonic() + 60
+    while (entry := _entry(rig, f"{db}.t")).state != pb.SNAPSHOT_DONE:
+        assert entry.state in (pb.SNAPSHOT_PENDING, pb.SNAPSHOT_RUNNING), entry
+        assert time.monotonic() < deadline, entry
+        time.sleep(0.1)
+    assert entry.rows_done == 100
+    capture.stop()
+    print(f"\nrefused with: {refused}")
