@@ -19,7 +19,10 @@ here:
   (empty) commit; otherwise the empty commit follows as usual. So tx_seq still counts
   every binlog transaction once: no gap, no number used twice, and a restart after a
   read transaction resumes after the watermark's GTID. Other rows of the signal table
-  (deletes, other transactions) are never events.
+  (deletes, other transactions) are never events;
+- a selected table that appears (CREATE TABLE, RENAME into the patterns) is named to the
+  snapshot reader (`on_table`), which under `initial` reads its rows (a renamed table's
+  rows were never in the stream under its new name).
 
 An event's id is `event_id(source_id, gtid, index, commit_ms)`: the same
 transaction re-read after a restart, a reconnect or a failover to a replica
@@ -29,7 +32,7 @@ transaction re-read after a restart, a reconnect or a failover to a replica
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -132,6 +135,8 @@ class ChangeFeed:
     server_id: int
     identity: str
     signal: SignalTable | None = None  # the snapshot signal table (watermarks)
+    # a selected table appeared (CREATE, RENAME): the snapshot reader is told its name
+    on_table: Callable[[str], None] | None = None
 
     def items(self) -> Iterator[FeedItem | Watermark]:
         position = self.start
@@ -225,6 +230,8 @@ class ChangeFeed:
                 seq = schemas.register(shape, position) if shape is not None else 0
                 yield factory.truncate(target.database, target.table, shape, seq)
                 continue
+            if target.kind in ("create", "rename") and self.on_table is not None:
+                self.on_table(f"{target.database}.{target.table}")
             shape, seq = schemas.after_ddl(target.database, target.table,
                                            position.mysql.gtid, position)
             log.info("ddl", table=f"{target.database}.{target.table}", kind=target.kind)

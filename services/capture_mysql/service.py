@@ -144,6 +144,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             signal=self.signal)
         merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
         worker = self._snapshot_worker(merger, facts, tables)
+        feed.on_table = lambda table: worker.add_tables([table])
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
                 worker.start()  # before anything of this session is published

@@ -183,7 +183,11 @@ class SnapshotWorker:
                 if self._added:
                     while self._added:
                         table = self._added.popleft()
-                        self.selected[table] = self.source.key_columns(table)
+                        try:
+                            self.selected[table] = self.source.key_columns(table)
+                        except ConfigError as e:  # gone again (dropped, renamed away)
+                            log.info("table no longer there to snapshot", table=table,
+                                     reason=str(e))
                     self._report_selected()
                 state = self.progress.read()
                 todo = [t for t in state.tables if t.state in ACTIVE and t.table in self.selected]
