@@ -72,7 +72,7 @@ MARIADB_TABLE = """CREATE TABLE bench.items (id bigint PRIMARY KEY, n int, label
   at datetime(6), amount decimal(12,2), doc json, flag boolean, uid uuid)"""
 MARIADB_FILL = """INSERT INTO bench.items SELECT seq, seq % 1000, CONCAT('row ', seq),
   NOW(6) - INTERVAL seq SECOND, seq * 0.01, JSON_OBJECT('g', seq, 'tags', JSON_ARRAY('a', 'b')),
-  seq % 2 = 0, UUID() FROM seq_{start}_to_{end}"""
+  seq % 2 = 0, UUID() FROM bench.seq_{start}_to_{end}"""
 
 
 def mariadb_ceiling(server: MariaDBServer, rows: int, chunk: int) -> float:

@@ -56,7 +56,7 @@ from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Op
 from tailrace.logs import get_logger
-from tailrace_services.capture.snapshot import ChunkRows, Key, TablePlan, key_of
+from tailrace_services.capture.snapshot import ChunkRows, Key, TablePlan
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
 from tailrace_services.capture_mysql.schema import TableShape, catalog_shape
 from tailrace_services.capture_mysql.signal_table import PRUNE_EVERY, SignalTable
@@ -276,6 +276,8 @@ class MysqlChunks:
         names = [n for n, _ in table.forms]
         forms = [(i, f) for i, (_, f) in enumerate(table.forms) if f is not None]
         decode, keys = table.decoder.row, table.shape.key_columns
+        # the merger's key (`key_of`): the serialized values of the chunk key's columns
+        at = [names.index(k) for k in plan.key_columns]
         with conn.cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             for raw in cur.fetchall_unbuffered():
@@ -291,8 +293,10 @@ class MysqlChunks:
                                     op=Op.OP_SNAPSHOT_READ, key_columns=keys,
                                     schema_version=table.shape.fingerprint,
                                     schema_sequence=table.sequence)
-                event.after.CopyFrom(decode(dict(zip(names, values, strict=True))))
-                events[key_of(event.after, plan.key_columns)] = event
+                after = event.after
+                after.CopyFrom(decode(dict(zip(names, values, strict=True))))
+                columns = after.columns
+                events[tuple(columns[i].value.SerializeToString() for i in at)] = event
                 last = raw
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
         return ChunkRows(events, cursor, rows > limit, forgettable=lambda _tx: True)
