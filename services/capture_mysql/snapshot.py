@@ -45,7 +45,6 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 import pymysql
@@ -98,7 +97,9 @@ def binlog_form(type_name: str, flavor: str) -> Callable[[Any], Any] | None:
     if type_name == "inet4":
         return lambda v: ipaddress.IPv4Address(v).packed
     if type_name == "json" and flavor == "mysql":
-        return lambda v: json.loads(v, parse_float=Decimal) if isinstance(v, str | bytes) else v
+        # numbers as the library gives a binary JSON double (a JSON decimal, which the
+        # text cannot tell apart, then prints 1.0 where the stream prints 1)
+        return lambda v: json.loads(v) if isinstance(v, str | bytes) else v
     if type_name.startswith("bit("):
         return _bits
     if type_name == "date" or type_name.startswith("datetime"):
@@ -177,6 +178,7 @@ class MysqlChunks:
         self.control = control
         self._conn: pymysql.connections.Connection | None = None
         self._tables: dict[str, _Table] = {}
+        self._sequences: dict[str, int] = {}  # fingerprint -> registry sequence
         self._signal_ready = False
         self._writes = 0
         self._last_signal_id = 0
@@ -241,11 +243,30 @@ class MysqlChunks:
         if not self._signal_ready:
             self.signal.ensure(self._connection())
             self._signal_ready = True
-        registered = self.control.register_schema(
-            self.tenant, found.database, found.name, found.shape.fingerprint,
-            found.shape.schema_json())
-        found.sequence = int(registered.sequence)
+        self._register(found)
         return TablePlan(table, found.chunk_key, found.estimate)
+
+    def _register(self, found: _Table) -> None:
+        """The shape's sequence in the schema registry (the same fingerprint as the table
+        map's, so the streamed events' sequence)."""
+        sequence = self._sequences.get(found.shape.fingerprint)
+        if sequence is None:
+            registered = self.control.register_schema(
+                self.tenant, found.database, found.name, found.shape.fingerprint,
+                found.shape.schema_json())
+            sequence = self._sequences[found.shape.fingerprint] = int(registered.sequence)
+        found.sequence = sequence
+
+    def _current(self, plan: TablePlan) -> _Table:
+        """The table as the catalog shows it now (a DDL since the last chunk: the new
+        columns, registered); a changed key is an error (the cursor would not fit it)."""
+        found = self._tables[plan.table] = self._load(plan.table)
+        if found.chunk_key != plan.key_columns:
+            raise ConfigError(f"the primary key of {plan.table} changed during its snapshot "
+                              f"({', '.join(plan.key_columns)} -> "
+                              f"{', '.join(found.chunk_key) or 'none'}): request it again")
+        self._register(found)
+        return found
 
     def _check_commit_order(self) -> None:
         if self.flavor != "mysql":
@@ -264,7 +285,7 @@ class MysqlChunks:
 
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
                    token: str) -> ChunkRows:
-        table = self._table(plan.table)
+        table = self._current(plan)
         conn = self._connection()
         query, params = self._query(table, after, limit, where)
         self._write(token, high=False)
@@ -293,9 +314,9 @@ class MysqlChunks:
                                     op=Op.OP_SNAPSHOT_READ, key_columns=keys,
                                     schema_version=table.shape.fingerprint,
                                     schema_sequence=table.sequence)
-                after = event.after
-                after.CopyFrom(decode(dict(zip(names, values, strict=True))))
-                columns = after.columns
+                image = event.after
+                image.CopyFrom(decode(dict(zip(names, values, strict=True))))
+                columns = image.columns
                 events[tuple(columns[i].value.SerializeToString() for i in at)] = event
                 last = raw
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
