@@ -27,6 +27,12 @@ visible out of binlog order, so `plan` refuses to snapshot and names the setting
 Non-transactional tables (MyISAM, Aria) are outside this argument: their changes are
 visible before they are logged.
 
+DDL: the catalog is read for every chunk, before and after its SELECT; a structure that
+changed in between means the SELECT ran with a stale column list, so it runs again (still
+between the watermarks). A DDL committed after that check and before the high watermark
+would leave the chunk with the columns from before it, placed after the DDL event — a
+window of one INSERT. A changed primary key fails the table (request it again).
+
 Values: each column is read so that the value handed to `values.RowDecoder` is what
 python-mysql-replication gives for the same binlog column (FLOAT widened to double, BIT as
 a bit string, MariaDB UUID/INET as their bytes, TIMESTAMP in UTC, zero dates as NULL, MySQL
@@ -52,7 +58,7 @@ import pymysql.cursors
 from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.control_client import ControlClient
-from tailrace.errors import ConfigError
+from tailrace.errors import ConfigError, RetryableError
 from tailrace.events import ChangeEvent, Op
 from tailrace.logs import get_logger
 from tailrace_services.capture.snapshot import ChunkRows, Key, TablePlan
@@ -68,6 +74,7 @@ log = get_logger(__name__)
 _BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit",
                  "geometry")
 _SET_MEMBER = re.compile(r"'((?:[^']|'')*)'")
+SHAPE_ATTEMPTS = 5
 
 
 def _q(name: str) -> str:
@@ -285,21 +292,36 @@ class MysqlChunks:
 
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
                    token: str) -> ChunkRows:
+        """Low watermark, then the SELECT; when the table's structure changed around it (a
+        DDL between the catalog read and the SELECT), the SELECT again with the new columns —
+        still between the watermarks, so still a valid read."""
         table = self._current(plan)
-        conn = self._connection()
-        query, params = self._query(table, after, limit, where)
         self._write(token, high=False)
+        for _ in range(SHAPE_ATTEMPTS):
+            events, cursor, more = self._select(table, plan, after, limit, where)
+            now = self._current(plan)
+            if now.shape.fingerprint == table.shape.fingerprint:
+                return ChunkRows(events, cursor, more, forgettable=lambda _tx: True)
+            log.info("table changed during a snapshot chunk's read; reading it again",
+                     table=plan.table)
+            table = now
+        raise RetryableError(f"the structure of {plan.table} kept changing during a snapshot "
+                             "chunk's read")
+
+    def _select(self, table: _Table, plan: TablePlan, after: list[str] | None, limit: int,
+                where: str) -> tuple[dict[Key, ChangeEvent], list[str] | None, bool]:
+        """(read events by the merger's key, the cursor after them, whether rows follow)."""
+        query, params = self._query(table, after, limit, where)
         events: dict[Key, ChangeEvent] = {}
         last: tuple[Any, ...] | None = None
         rows = 0
-        key_index = [next(i for i, (n, _) in enumerate(table.forms) if n == k)
-                     for k in table.chunk_key]
         names = [n for n, _ in table.forms]
+        key_index = [names.index(k) for k in table.chunk_key]
         forms = [(i, f) for i, (_, f) in enumerate(table.forms) if f is not None]
         decode, keys = table.decoder.row, table.shape.key_columns
         # the merger's key (`key_of`): the serialized values of the chunk key's columns
         at = [names.index(k) for k in plan.key_columns]
-        with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             for raw in cur.fetchall_unbuffered():
                 rows += 1
@@ -320,7 +342,7 @@ class MysqlChunks:
                 events[tuple(columns[i].value.SerializeToString() for i in at)] = event
                 last = raw
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
-        return ChunkRows(events, cursor, rows > limit, forgettable=lambda _tx: True)
+        return events, cursor, rows > limit
 
     def _query(self, table: _Table, after: list[str] | None, limit: int, where: str
                ) -> tuple[str, list[Any]]:

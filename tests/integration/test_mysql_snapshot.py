@@ -550,3 +550,48 @@ def test_initial_snapshots_a_table_renamed_into_the_patterns_while_streaming(
     assert not [e for e in late if e.op == Op.OP_INSERT], "staging was never captured"
     print(f"\na table renamed into the patterns while streaming: {len(reads)} rows read once "
           "each, then its update")
+
+
+def test_a_column_added_during_a_snapshot_is_in_the_reads_after_it(
+        mariadb_server: MariaDBServer, db: str, mysql_rig: Any) -> None:
+    """ALTER TABLE ADD COLUMN while a table is read: the chunks after it carry the new column
+    and the same schema version as the streamed events after the DDL; every row is read
+    once, every read's columns are its schema version's."""
+    mariadb_server.execute("CREATE TABLE t (id int PRIMARY KEY, v varchar(10) NOT NULL)", db=db)
+    mariadb_server.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM seq_1_to_30000",
+                           db=db)
+    rig = mysql_rig(mariadb_server, [f"{db}.t"], snapshot={"mode": "never", "chunk_size": 1_000})
+    capture = rig.start()
+    capture.wait_streaming()
+    deadline = time.monotonic() + 60
+    while not rig.control.client.snapshot_state(rig.name).selected:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    rig.control.client.request_snapshot(rig.name, [f"{db}.t"])
+    deadline = time.monotonic() + 120
+    while _entry(rig, f"{db}.t").chunks_done < 3:
+        assert time.monotonic() < deadline, capture.tail()
+        time.sleep(0.05)
+    mariadb_server.execute("ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7", db=db)
+    deadline = time.monotonic() + 120
+    while (entry := _entry(rig, f"{db}.t")).state != pb.SNAPSHOT_DONE:
+        assert entry.state in (pb.SNAPSHOT_PENDING, pb.SNAPSHOT_RUNNING), entry
+        assert time.monotonic() < deadline, entry
+        time.sleep(0.1)
+    mariadb_server.execute("UPDATE t SET v = 'after' WHERE id = 1", db=db)
+    view = rig.read(lambda v: any(e.op == Op.OP_UPDATE for _, _, e in v.events), timeout=60)
+    capture.stop()
+    events = sorted(deduplicated(view), key=lambda e: (e.position.tx_seq, e.position.event_index))
+    reads = [e for e in events if e.op == Op.OP_SNAPSHOT_READ]
+    assert len({_text(e.after, "id") for e in reads}) == len(reads) == 30_000
+    columns_of: dict[str, set[tuple[str, ...]]] = {}
+    for e in reads:
+        columns_of.setdefault(e.schema_version, set()).add(tuple(c.name for c in e.after.columns))
+    assert all(len(shapes) == 1 for shapes in columns_of.values()), columns_of
+    assert len(columns_of) == 2, "one version before the DDL, one after"
+    update = next(e for e in events if e.op == Op.OP_UPDATE)
+    assert reads[-1].schema_version == update.schema_version
+    assert reads[-1].schema_sequence == update.schema_sequence
+    assert _text(reads[-1].after, "extra") == "7" and _text(reads[0].after, "extra") is None
+    print(f"\n{sum(1 for e in reads if _text(e.after, 'extra') == '7')} of {len(reads)} reads "
+          "after the ALTER carry the new column")
