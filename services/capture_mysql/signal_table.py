@@ -8,6 +8,11 @@ insert as a transaction of its own, in commit order with everything else. The ch
 else — into a `Watermark`; it never publishes the table's rows, and ignores its deletes
 and any other transaction that touches it.
 
+The binlog reader (`reader.py`) sets none of python-mysql-replication's table or schema
+filters (`only_tables`, `only_schemas`, `ignored_*`): it receives every table's row events
+and selection happens in the feed, so the signal table's inserts arrive although the table
+is never captured. A filter added there must let this table through.
+
 The table is named by `spec.source.snapshot.signal_table` (default
 `tailrace.snapshot_signal`), is never a captured table whatever the patterns say, and
 is created when missing. Old rows are deleted now and then (`SignalTable.prune`), so it
