@@ -42,6 +42,20 @@ def db(mariadb_server: MariaDBServer) -> str:
     return name
 
 
+@pytest.fixture
+def fresh_server(make_mariadb_server: Callable[..., MariaDBServer]) -> MariaDBServer:
+    """A server of the test's own: under `snapshot.mode: never` capture streams from the
+    oldest binlog, which on the shared server holds every earlier test's rows."""
+    return make_mariadb_server()
+
+
+@pytest.fixture
+def fresh_db(fresh_server: MariaDBServer) -> str:
+    name = f"s_{uuid.uuid4().hex[:10]}"
+    fresh_server.create_database(name)
+    return name
+
+
 def seed(server: MariaDBServer, db: str) -> None:
     conn = server.connect(db)
     with conn.cursor() as cur:
@@ -315,10 +329,11 @@ def _entry(rig: CaptureRig, table: str) -> pb.SnapshotTable:
 
 
 def test_on_demand_snapshot_with_where_status_and_cancel_while_streaming(
-        mariadb_server: MariaDBServer, db: str, mysql_rig: Any,
+        fresh_server: MariaDBServer, fresh_db: str, mysql_rig: Any,
         capsys: pytest.CaptureFixture[str]) -> None:
     """`tailrace snapshot` on a running pipeline (mode never): a filtered table read while the
     writer goes on, `status` showing it done, and a large one cancelled part-way."""
+    mariadb_server, db = fresh_server, fresh_db  # a server of its own (fresh_server)
     from tailrace_services.cli.main import main
 
     seed(mariadb_server, db)
@@ -418,11 +433,12 @@ TYPES = """(id bigint unsigned, k2 varchar(10), u uuid, ip inet6, ip4 inet4, j j
 
 
 def test_a_snapshot_read_equals_the_streamed_insert_of_the_same_row_column_by_column(
-        mariadb_server: MariaDBServer, db: str, mysql_rig: Any) -> None:
+        fresh_server: MariaDBServer, fresh_db: str, mysql_rig: Any) -> None:
     """Every column type, extremes, zero dates and NULLs: the read event of a row (SELECT,
     `capture_mysql/snapshot.py`) and its insert event (binlog, `values.py`) carry the same
     serialized values, types, key columns and schema version — so the merger's key
     comparison works and sinks see one representation."""
+    mariadb_server, db = fresh_server, fresh_db  # a server of its own (fresh_server)
     conn = mariadb_server.connect(db)
     with conn.cursor() as cur:
         cur.execute(f"CREATE TABLE v {TYPES}")
@@ -469,9 +485,10 @@ def test_a_snapshot_read_equals_the_streamed_insert_of_the_same_row_column_by_co
 
 
 def test_a_user_who_may_not_create_the_signal_table_is_told_what_to_run(
-        mariadb_server: MariaDBServer, db: str, mysql_rig: Any) -> None:
+        fresh_server: MariaDBServer, fresh_db: str, mysql_rig: Any) -> None:
     """The capture user has only what streaming needs: the snapshot fails at once with the
     statements to run; an administrator runs them and the next request reads the table."""
+    mariadb_server, db = fresh_server, fresh_db  # a server of its own (fresh_server)
     mariadb_server.execute("CREATE TABLE t (id int PRIMARY KEY)", db=db)
     mariadb_server.execute("INSERT INTO t SELECT seq FROM seq_1_to_100", db=db)
     user = f"cap_{uuid.uuid4().hex[:8]}"
@@ -553,10 +570,11 @@ def test_initial_snapshots_a_table_renamed_into_the_patterns_while_streaming(
 
 
 def test_a_column_added_during_a_snapshot_is_in_the_reads_after_it(
-        mariadb_server: MariaDBServer, db: str, mysql_rig: Any) -> None:
+        fresh_server: MariaDBServer, fresh_db: str, mysql_rig: Any) -> None:
     """ALTER TABLE ADD COLUMN while a table is read: the chunks after it carry the new column
     and the same schema version as the streamed events after the DDL; every row is read
     once, every read's columns are its schema version's."""
+    mariadb_server, db = fresh_server, fresh_db  # a server of its own (fresh_server)
     mariadb_server.execute("CREATE TABLE t (id int PRIMARY KEY, v varchar(10) NOT NULL)", db=db)
     mariadb_server.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM seq_1_to_30000",
                            db=db)
