@@ -23,9 +23,10 @@ What a position holds, after one source transaction:
 Where a session starts is the shared resume rule's (`tailrace_services.capture.resume`):
 the furthest of the sinks' minimum checkpoint and what the bus already holds
 (`resume_from`); with neither, the server's oldest binlog — or, when the pipeline starts
-with an initial snapshot (`snapshot.mode` initial/initial_only), the server's current
-GTID position: the snapshot reads the rows that are there, so replaying the binlog's
-history before it would only publish them again.
+with an initial snapshot (`snapshot.mode` initial/initial_only) and no table's snapshot
+has got anywhere yet (`service.MysqlCapture._snapshot_covers_the_past`), the server's
+current GTID position: the snapshot reads the rows that are there, so replaying the
+binlog's history before it would only publish them again.
 
 A snapshot's read transaction takes the position of its high watermark, a transaction of
 its own in the binlog (`events.py`): it counts in tx_seq like any other, and the

@@ -30,7 +30,9 @@ import pymysql
 
 from tailrace.config import MysqlSourceSpec, PipelineSpec
 from tailrace.control_client import ControlClient
+from tailrace.errors import ConfigError
 from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
@@ -95,9 +97,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         try:
             facts = read_facts(conn, self.settings, self.replica_server_id, self.source.id)
             tables = self._selected_tables(conn)
-            # a new pipeline that snapshots its tables first streams from now on
             checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts,
-                                            from_now=self.source.snapshot.mode != "never")
+                                            from_now=self._snapshot_covers_the_past())
             check = ServerCheck(self.control, self.source.id, self.pipeline.tenant,
                                 self.replica_server_id, self.source.on_schema_drift)
             # The checkpoint decides the reconcile; with none yet, where we start does.
@@ -110,6 +111,19 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             return facts, start, tables
         finally:
             conn.close()
+
+    def _snapshot_covers_the_past(self) -> bool:
+        """A new pipeline that snapshots its tables first may stream from the server's current
+        position (`position.resume_from`): only while no table's snapshot got anywhere — a
+        table done, failed or cancelled, or read in part, relies on the stream from where it
+        started, so a later session (with nothing on the bus: killed before its first
+        publish, or a bus that lost its data) starts at the oldest binlog instead."""
+        if self.source.snapshot.mode == "never":
+            return False
+        state = self.control.snapshot_state(self.pipeline.name)
+        return all(t.state == pb.SNAPSHOT_PENDING or
+                   (t.state == pb.SNAPSHOT_RUNNING and not t.chunks_done and not t.cursor)
+                   for t in state.tables)
 
     @staticmethod
     def _warn_keyless(conn: pymysql.connections.Connection,
@@ -163,7 +177,13 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
         chunks = MysqlChunks(self.settings, self.source.id, self.pipeline.tenant, facts.flavor,
                              self.signal, self.control)
-        selected = {f"{d}.{t}": chunks.key_columns(f"{d}.{t}") for d, t in tables}
+        selected = {}
+        for database, table in tables:
+            name = f"{database}.{table}"
+            try:
+                selected[name] = chunks.key_columns(name)
+            except ConfigError as e:  # dropped since it was selected
+                log.info("selected table is gone", table=name, reason=str(e))
         return SnapshotWorker(self.pipeline, self.control, chunks, merger,
                               SnapshotProgress(self.control, self.pipeline, self.source_type),
                               selected, self.metrics, on_all_done=self.lifecycle.stop)
