@@ -20,7 +20,8 @@ holds a few rows per pipeline.
 
 Privileges: the capture user needs CREATE (once, or create the table yourself with
 `SignalTable.ddl`), INSERT and DELETE on the table; a missing one stops the snapshot with
-the statements to run.
+the statements to run. The server must be writable: capturing from a read-only replica can
+stream, not snapshot (the error says so).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = get_logger(__name__)
 DEFAULT_SIGNAL_TABLE = "tailrace.snapshot_signal"
 PRUNE_EVERY = 64  # watermarks between two deletes of old rows
 _DENIED = (1044, 1045, 1142, 1143, 1227)  # access denied / no privilege on db, table, column
+_READ_ONLY = (1290, 1792, 1836)  # --read-only, a read-only transaction, super_read_only
 
 
 def _quote(name: str) -> str:
@@ -104,6 +106,8 @@ class SignalTable:
                         f"spec.source.snapshot.signal_table: the capture user may not create "
                         f"the snapshot signal table {self.name} ({e.args[-1]}); {self._fix(user)}"
                     ) from None
+                if e.args and e.args[0] in _READ_ONLY:
+                    raise self._read_only(e) from None
                 raise
         log.info("snapshot signal table created", table=self.name)
 
@@ -121,7 +125,16 @@ class SignalTable:
                                   f"write the snapshot signal table {self.name} ({e.args[-1]}); "
                                   f"GRANT INSERT, DELETE, SELECT ON {self.quoted} TO the capture "
                                   "user") from None
+            if e.args and e.args[0] in _READ_ONLY:
+                raise self._read_only(e) from None
             raise
+
+    def _read_only(self, e: pymysql.err.MySQLError) -> ConfigError:
+        return ConfigError(f"spec.source.snapshot.signal_table: the server is read-only "
+                           f"({e.args[-1]}), and a snapshot writes its watermarks into "
+                           f"{self.name} through the server's binlog; point spec.source.dsn "
+                           "at the primary (or a writable server in the replication chain) "
+                           "to snapshot")
 
     def prune(self, conn: pymysql.connections.Connection, source_id: str, below: int) -> None:
         """Delete this source's rows older than id `below` (the feed ignores deletes)."""
