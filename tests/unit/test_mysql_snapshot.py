@@ -6,7 +6,8 @@ tests/integration/test_mysql_snapshot.py)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
@@ -24,7 +25,7 @@ from tailrace_services.capture_mysql.position import CapturePosition, resume_fro
 from tailrace_services.capture_mysql.reader import RowChange, TxBegin, TxCommit
 from tailrace_services.capture_mysql.schema import TableShape
 from tailrace_services.capture_mysql.signal_table import DEFAULT_SIGNAL_TABLE, SignalTable
-from tailrace_services.capture_mysql.snapshot import MysqlChunks, _Table, cursor_text
+from tailrace_services.capture_mysql.snapshot import MysqlChunks, _Table, binlog_form, cursor_text
 from tailrace_services.capture_mysql.tables import TableFilter
 from tailrace_services.capture_mysql.values import RowDecoder
 
@@ -124,3 +125,50 @@ def test_signal_transactions_become_watermarks_and_the_read_takes_the_high_ones_
     assert stamped.position.tx_seq == 12 and stamped.position.mysql.gtid == "0-1-2"
     assert stamped.snapshot.chunk == 1 and stamped.snapshot.last
     assert out.count(BEGIN) == 5  # one per binlog transaction, one for the read
+
+
+def test_values_read_by_select_take_the_binlog_librarys_form() -> None:
+    """What `values.converter_for` then expects, per type (MariaDB and MySQL; the MariaDB
+    types are also compared with the real binlog in the integration test)."""
+    def form(type_name: str, flavor: str = "mariadb") -> Callable[[Any], Any]:
+        found = binlog_form(type_name, flavor)
+        assert found is not None, type_name
+        return found
+
+    assert binlog_form("int", "mariadb") is None
+    assert form("bit(10)")(b"\x02\xab") == "1010101011"
+    uid = "f7954029-e7bb-11f1-ae82-02fc00000001"
+    assert form("uuid")(uid) == uuid.UUID(uid).bytes
+    assert form("inet6")("::ffff:1.2.3.4") == b"\x00" * 10 + b"\xff\xff\x01\x02\x03\x04"
+    for zero_date in ("date", "datetime", "datetime(6)"):
+        assert form(zero_date)("0000-00-00") is None
+    assert form("timestamp(6)")("0000-00-00 00:00:00") == dt.datetime(1970, 1, 1)
+    assert binlog_form("json", "mariadb") is None  # MariaDB's JSON is text in the binlog too
+    # MySQL's binary JSON is parsed by the library; its text form parsed alike (numbers as
+    # the library's doubles), then printed compactly by `values._json_text`
+    assert form("json", "mysql")('{"a": [1, 2.5], "b": null}') == {"a": [1, 2.5], "b": None}
+
+
+def test_a_new_pipeline_streams_from_now_only_while_no_table_snapshot_got_anywhere() -> None:
+    from types import SimpleNamespace
+
+    from tailrace.proto import control_pb2 as pb
+    from tailrace_services.capture_mysql.service import MysqlCapture
+
+    def covers(mode: str, *tables: pb.SnapshotTable) -> bool:
+        fake = SimpleNamespace(
+            source=SimpleNamespace(snapshot=SimpleNamespace(mode=mode)),
+            pipeline=SimpleNamespace(name="p"),
+            control=SimpleNamespace(snapshot_state=lambda _: pb.SnapshotState(tables=tables)))
+        return MysqlCapture._snapshot_covers_the_past(fake)  # type: ignore[arg-type]
+
+    assert covers("initial") and covers("initial_only")
+    assert not covers("never")
+    assert covers("initial", pb.SnapshotTable(table="a", state=pb.SNAPSHOT_PENDING),
+                  pb.SnapshotTable(table="b", state=pb.SNAPSHOT_RUNNING))
+    for later in (pb.SnapshotTable(table="a", state=pb.SNAPSHOT_DONE),
+                  pb.SnapshotTable(table="a", state=pb.SNAPSHOT_FAILED),
+                  pb.SnapshotTable(table="a", state=pb.SNAPSHOT_CANCELLED),
+                  pb.SnapshotTable(table="a", state=pb.SNAPSHOT_RUNNING, chunks_done=2,
+                                   cursor='["5"]')):
+        assert not covers("initial", later), later
