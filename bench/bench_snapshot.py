@@ -1,13 +1,16 @@
-"""Benchmark of PostgreSQL snapshots: the server's own read rate vs. capture's snapshot rate.
+"""Benchmark of snapshots: the server's own read rate vs. capture's snapshot rate.
 
-    .venv/bin/python bench/bench_snapshot.py [--rows 1000000] [--chunk-size 10000] [--writer 1000]
+    .venv/bin/python bench/bench_snapshot.py [--source postgres|mariadb] [--rows 1000000]
+                                             [--chunk-size 10000] [--writer 1000]
 
-Starts a throwaway PostgreSQL, a Kafka-protocol broker and a control service, fills one
-table of mixed types (bigint key, int, text, timestamptz, numeric, jsonb, boolean, uuid)
-with `--rows` rows, then:
+Starts a throwaway PostgreSQL (or MariaDB), a Kafka-protocol broker and a control service,
+fills one table of mixed types (bigint key, int, text, timestamp, numeric, JSON, boolean,
+uuid) with `--rows` rows, then:
 
-1. ceiling: the chunk query alone (`SELECT ... ORDER BY id LIMIT n` after the last key,
-   every value as the server's text, nothing converted) — what reading costs;
+1. ceiling: the chunk query alone (`SELECT ... ORDER BY id LIMIT n` after the last key;
+   PostgreSQL: every value as the server's text, nothing converted; MariaDB: PyMySQL's
+   own conversion, rows streamed with an unbuffered cursor as capture reads them) — what
+   reading costs;
 2. snapshot: the capture service (`snapshot.mode: initial_only`, a separate process) reads
    the table in watermarked chunks, converts, merges and publishes every row, then exits:
    rows per second from its "streaming" log line to its exit, with its peak RSS.
@@ -35,9 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+import pymysql  # noqa: E402
+import pymysql.cursors  # noqa: E402
 from psycopg.types.string import TextLoader  # noqa: E402
 
-from tailrace.devservers import KafkaBroker, PostgresServer  # noqa: E402
+from tailrace.devservers import KafkaBroker, MariaDBServer, PostgresServer  # noqa: E402
 from tailrace_services.control.server import serve  # noqa: E402
 from tailrace_services.control.storage import MemoryStorage  # noqa: E402
 
@@ -47,10 +52,10 @@ kind: Pipeline
 metadata: {{name: bench, tenant: bench}}
 spec:
   source:
-    type: postgres
+    type: {source}
     id: bench-src
     dsn: "{dsn}"
-    tables: [public.items]
+    tables: [{table}]
     snapshot: {{mode: initial_only, chunk_size: {chunk}}}
   sinks: [{{id: none, type: redis, url: "redis://127.0.0.1:9"}}]
   bus: {{brokers: "{brokers}"}}
@@ -61,6 +66,59 @@ TABLE = """CREATE TABLE items (id bigint PRIMARY KEY, n int, label text, at time
 FILL = """INSERT INTO items SELECT g, g %% 1000, 'row ' || g, now() - g * interval '1 s',
   g * 0.01, jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b')), g %% 2 = 0,
   md5(g::text)::uuid FROM generate_series(%s::bigint, %s::bigint) g"""
+
+
+MARIADB_TABLE = """CREATE TABLE bench.items (id bigint PRIMARY KEY, n int, label varchar(40),
+  at datetime(6), amount decimal(12,2), doc json, flag boolean, uid uuid)"""
+MARIADB_FILL = """INSERT INTO bench.items SELECT seq, seq % 1000, CONCAT('row ', seq),
+  NOW(6) - INTERVAL seq SECOND, seq * 0.01, JSON_OBJECT('g', seq, 'tags', JSON_ARRAY('a', 'b')),
+  seq % 2 = 0, UUID() FROM bench.seq_{start}_to_{end}"""
+
+
+def mariadb_ceiling(server: MariaDBServer, rows: int, chunk: int) -> float:
+    """Rows per second of the chunk queries alone, read as capture reads them."""
+    conn = server.connect("bench")
+    started = time.perf_counter()
+    last, seen = 0, 0
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        while True:
+            cur.execute("SELECT * FROM items WHERE id > %s ORDER BY id LIMIT %s", (last, chunk))
+            got = 0
+            for row in cur.fetchall_unbuffered():
+                got += 1
+                last = row[0]
+            if not got:
+                break
+            seen += got
+    conn.close()
+    assert seen == rows, (seen, rows)
+    return rows / (time.perf_counter() - started)
+
+
+class MariadbWriter(threading.Thread):
+    def __init__(self, server: MariaDBServer, rows: int, rate: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.rows, self.rate = server, rows, rate
+        self.stopped = threading.Event()
+        self.transactions = 0
+
+    def run(self) -> None:
+        """`rate` transactions of 5 updates per second (5 x rate rows/s)."""
+        rng = random.Random(1)
+        started = time.monotonic()
+        conn = self.server.connect("bench")
+        with conn.cursor() as cur:
+            while not self.stopped.is_set():
+                cur.execute("BEGIN")
+                for _ in range(5):
+                    cur.execute("UPDATE items SET n = n + 1 WHERE id = %s",
+                                (rng.randint(1, self.rows),))
+                cur.execute("COMMIT")
+                self.transactions += 1
+                ahead = self.transactions / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        conn.close()
 
 
 def ceiling(dsn: str, rows: int, chunk: int) -> float:
@@ -105,10 +163,9 @@ class Writer(threading.Thread):
                     time.sleep(ahead)
 
 
-def snapshot(spec: Path, log: Path, rows: int, dsn: str, writer_rate: int,
+def snapshot(spec: Path, log: Path, writer: Writer | MariadbWriter | None,
              profile: str | None = None) -> tuple[float, float, int, int]:
     """(rows/s, seconds, peak RSS in kB, writer transactions) of capture's snapshot."""
-    writer = Writer(dsn, rows, writer_rate) if writer_rate else None
     hwm = 0
     with open(log, "wb") as out:
         wrap = ["-m", "cProfile", "-o", profile] if profile else []
@@ -147,6 +204,7 @@ def snapshot(spec: Path, log: Path, rows: int, dsn: str, writer_rate: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=10_000)
     parser.add_argument("--writer", type=int, default=0, metavar="TX_PER_S",
@@ -157,6 +215,9 @@ def main() -> None:
                              "(read with `python -m pstats FILE`); the rate then drops")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-snap-"))
+    if args.source == "mariadb":
+        run_mariadb(args, work)
+        return
     with PostgresServer() as pg, KafkaBroker() as kafka:
         server = serve(MemoryStorage(), "127.0.0.1:0")
         try:
@@ -170,19 +231,46 @@ def main() -> None:
             rate = ceiling(pg.dsn(), args.rows, args.chunk_size)
             print(f"ceiling: the chunk queries alone, values as text: {rate:,.0f} rows/s")
             spec = work / "bench.yaml"
-            spec.write_text(SPEC.format(dsn=pg.dsn(), brokers=kafka.bootstrap,
-                                        chunk=args.chunk_size,
+            spec.write_text(SPEC.format(source="postgres", dsn=pg.dsn(), table="public.items",
+                                        brokers=kafka.bootstrap, chunk=args.chunk_size,
                                         control=f"127.0.0.1:{server.port}"))
-            rows_s, took, hwm, txs = snapshot(spec, work / "capture.log", args.rows, pg.dsn(),
-                                              args.writer, args.profile)
-            print(f"capture snapshot (read, convert, merge, publish, cursor per chunk): "
-                  f"{rows_s:,.0f} rows/s ({took:.1f} s"
-                  f"{f'; {txs:,} writer transactions of 5 updates meanwhile' if args.writer else ''}; "
-                  f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-            print(f"capture peak RSS (VmHWM): {hwm / 1024:.0f} MB")
+            writer = Writer(pg.dsn(), args.rows, args.writer) if args.writer else None
+            report(*snapshot(spec, work / "capture.log", writer, args.profile), args.writer)
         finally:
             server.stop(0)
 
+
+def run_mariadb(args: argparse.Namespace, work: Path) -> None:
+    with MariaDBServer() as maria, KafkaBroker() as kafka:
+        server = serve(MemoryStorage(), "127.0.0.1:0")
+        try:
+            maria.execute("CREATE DATABASE bench")
+            maria.execute(MARIADB_TABLE)
+            started = time.perf_counter()
+            for start in range(1, args.rows + 1, 100_000):
+                maria.execute(MARIADB_FILL.format(start=start,
+                                                  end=min(start + 99_999, args.rows)))
+            maria.execute("ANALYZE TABLE bench.items")
+            print(f"filled bench.items with {args.rows:,} rows of 8 columns in "
+                  f"{time.perf_counter() - started:.1f} s")
+            rate = mariadb_ceiling(maria, args.rows, args.chunk_size)
+            print(f"ceiling: the chunk queries alone, PyMySQL's values: {rate:,.0f} rows/s")
+            spec = work / "bench.yaml"
+            spec.write_text(SPEC.format(source="mysql", dsn=maria.dsn(), table="bench.items",
+                                        brokers=kafka.bootstrap, chunk=args.chunk_size,
+                                        control=f"127.0.0.1:{server.port}"))
+            writer = MariadbWriter(maria, args.rows, args.writer) if args.writer else None
+            report(*snapshot(spec, work / "capture.log", writer, args.profile), args.writer)
+        finally:
+            server.stop(0)
+
+
+def report(rows_s: float, took: float, hwm: int, txs: int, writer: int) -> None:
+    print(f"capture snapshot (read, convert, merge, publish, cursor per chunk): "
+          f"{rows_s:,.0f} rows/s ({took:.1f} s"
+          f"{f'; {txs:,} writer transactions of 5 updates meanwhile' if writer else ''}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"capture peak RSS (VmHWM): {hwm / 1024:.0f} MB")
 
 if __name__ == "__main__":
     main()

@@ -10,18 +10,21 @@
 - what a capture published: `events(records)`, `count_events(n)`;
 - a capture in a thread: `alive(capture)` fails a bus read once it failed, `lost(capture)`
   waits for it to end on a lost position;
-- binlogs: `wait_no_binlog_readers(server)`, `purge_binlogs_to(server, newest)`.
+- binlogs: `wait_no_binlog_readers(server)`, `purge_binlogs_to(server, newest)`;
+- `mysql_rig(server, tables, snapshot=...)`: the `CaptureRig` of `tests.fix_capture` for a
+  MariaDB pipeline (capture as a process: kill -9, logs, bus reads).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +39,7 @@ from tailrace.devservers import KafkaBroker, MariaDBServer
 from tailrace.errors import PositionLostError
 from tailrace.proto.event_pb2 import BusRecord, ChangeEvent
 from tailrace_services.cli.supervisor import service_argv
-from tests.fix_capture import Control
+from tests.fix_capture import CaptureRig, Control
 
 SPEC = """\
 apiVersion: tailrace/v1
@@ -293,3 +296,34 @@ def purge_binlogs_to(server: MariaDBServer, newest: str, timeout: float = 30) ->
             return
         assert time.monotonic() < deadline, "binary logs were not purged"
         time.sleep(0.2)
+
+
+@pytest.fixture
+def mysql_rig(tmp_path: Path, control: Control, kafka_broker: KafkaBroker
+              ) -> Iterator[Callable[..., CaptureRig]]:
+    """`mysql_rig(server, tables, snapshot={...})`: a pipeline of a MariaDB server whose capture
+    runs as a process (`CaptureRig.start()`, kill -9 and all), like `capture_rig` for
+    PostgreSQL."""
+    rigs: list[CaptureRig] = []
+
+    def make(server: MariaDBServer, tables: list[str], *, snapshot: dict[str, Any] | None = None,
+             epoch_ms: int = 200, dsn: str | None = None) -> CaptureRig:
+        """`dsn`: another user's (default root's)."""
+        name = f"myc-{uuid.uuid4().hex[:10]}"
+        dsn = dsn or server.dsn()
+        spec_path = write_spec(tmp_path, dsn=dsn, brokers=kafka_broker.bootstrap,
+                               control=control.address, tables=tables, epoch_ms=epoch_ms,
+                               name=name)
+        if snapshot:
+            text = spec_path.read_text().replace(
+                "    on_schema_drift:", f"    snapshot: {json.dumps(snapshot)}\n    on_schema_drift:")
+            spec_path.write_text(text)
+        rig = CaptureRig(tmp_path, name, dsn, control, kafka_broker.bootstrap, 1,
+                         spec_path)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        for process in rig.processes:
+            process.stop()

@@ -11,7 +11,18 @@ here:
 - rows a STATEMENT or MIXED session changed arrive as statement text, which capture
   cannot turn into row changes: on a selected table (or one whose triggers may write
   one, or when the statement does not tell) that is a loud stop before the
-  transaction is published, never a skip.
+  transaction is published, never a skip;
+- a transaction that is one insert into the snapshot signal table and nothing else
+  (`signal_table.py`) is a snapshot watermark: the feed yields a `Watermark` at the
+  transaction's position (its own GTID and the next tx_seq, like any transaction). A
+  read transaction the merger places there takes that position and replaces the
+  (empty) commit; otherwise the empty commit follows as usual. So tx_seq still counts
+  every binlog transaction once: no gap, no number used twice, and a restart after a
+  read transaction resumes after the watermark's GTID. Other rows of the signal table
+  (deletes, other transactions) are never events;
+- a selected table that appears (CREATE TABLE, RENAME into the patterns) is named to the
+  snapshot reader (`on_table`), which under `initial` reads its rows (a renamed table's
+  rows were never in the stream under its new name).
 
 An event's id is `event_id(source_id, gtid, index, commit_ms)`: the same
 transaction re-read after a restart, a reconnect or a failover to a replica
@@ -21,7 +32,7 @@ transaction re-read after a restart, a reconnect or a failover to a replica
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -33,6 +44,7 @@ from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
 from tailrace_services.capture.metrics import CaptureMetrics
+from tailrace_services.capture.snapshot import Watermark
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.reader import (
@@ -44,6 +56,7 @@ from tailrace_services.capture_mysql.reader import (
     TxCommit,
 )
 from tailrace_services.capture_mysql.schema import SchemaTracker, TableShape
+from tailrace_services.capture_mysql.signal_table import SignalTable
 from tailrace_services.capture_mysql.tables import TableFilter, ddl_targets, written_tables
 
 __all__ = ["ChangeFeed", "EventFactory"]
@@ -121,26 +134,47 @@ class ChangeFeed:
     start: CapturePosition
     server_id: int
     identity: str
+    signal: SignalTable | None = None  # the snapshot signal table (watermarks)
+    # a selected table appeared (CREATE, RENAME): the snapshot reader is told its name
+    on_table: Callable[[str], None] | None = None
 
-    def items(self) -> Iterator[FeedItem]:
+    def items(self) -> Iterator[FeedItem | Watermark]:
         position = self.start
         begin: TxBegin | None = None
+        signal = self.signal
+        marks: list[tuple[str, bool]] = []  # the open transaction's signal inserts
+        other = False  # it holds anything else (rows of other tables, statements)
         for item in self.stream.items():
             if isinstance(item, RowChange):
+                event = item.event
+                if signal is not None and signal.is_it(event.schema, event.table):
+                    if isinstance(event, WriteRowsEvent):
+                        marks.extend(signal.watermarks(event.rows))
+                    else:
+                        other = True
+                    continue
+                other = True
                 events = self._rows(item, position, begin)
                 if events:
                     yield events
             elif isinstance(item, TxBegin):
-                begin = item
+                begin, marks, other = item, [], False
                 yield BEGIN
             elif isinstance(item, TxCommit):
                 position = position.after(
                     gtid=item.gtid, gtid_set=item.gtid_set, file=item.file, offset=item.offset,
                     file_created_unix=item.file_created_unix, server_id=self.server_id,
                     identity=self.identity, prev_gtid=item.prev_gtid, tx_digest=item.digest)
+                if len(marks) == 1 and not other:
+                    mark = Watermark(marks[0][0], marks[0][1], position.to_proto())
+                    yield mark
+                    if mark.published:  # a read transaction took this position
+                        begin = None
+                        continue
                 yield self._commit(position, item.timestamp)
                 begin = None
             elif isinstance(item, Statement):
+                other = True
                 yield from self._statement(item, self._next(position, begin))
             elif isinstance(item, Idle):
                 yield IDLE
@@ -196,6 +230,8 @@ class ChangeFeed:
                 seq = schemas.register(shape, position) if shape is not None else 0
                 yield factory.truncate(target.database, target.table, shape, seq)
                 continue
+            if target.kind in ("create", "rename") and self.on_table is not None:
+                self.on_table(f"{target.database}.{target.table}")
             shape, seq = schemas.after_ddl(target.database, target.table,
                                            position.mysql.gtid, position)
             log.info("ddl", table=f"{target.database}.{target.table}", kind=target.kind)

@@ -22,7 +22,15 @@ What a position holds, after one source transaction:
 
 Where a session starts is the shared resume rule's (`tailrace_services.capture.resume`):
 the furthest of the sinks' minimum checkpoint and what the bus already holds
-(`resume_from`); with neither, the server's oldest binlog.
+(`resume_from`); with neither, the server's oldest binlog — or, when the pipeline starts
+with an initial snapshot (`snapshot.mode` initial/initial_only) and no table's snapshot
+has got anywhere yet (`service.MysqlCapture._snapshot_covers_the_past`), the server's
+current GTID position: the snapshot reads the rows that are there, so replaying the
+binlog's history before it would only publish them again.
+
+A snapshot's read transaction takes the position of its high watermark, a transaction of
+its own in the binlog (`events.py`): it counts in tx_seq like any other, and the
+checkpoint after it is the GTID state after the watermark.
 
 Continuity (MariaDB), decided by `loss_reason` from facts read on connect:
 the server must not be behind the checkpoint, must still hold everything
@@ -135,10 +143,11 @@ def accepts(flavor: Flavor) -> Callable[[Position], bool]:
     return accept
 
 
-def resume_from(point: ResumePoint, facts: ServerFacts
+def resume_from(point: ResumePoint, facts: ServerFacts, *, from_now: bool = False
                 ) -> tuple[CapturePosition | None, CapturePosition]:
     """(the sinks' checkpoint, where streaming starts): the rule's start, or with none yet
-    the server's oldest binlog. A checkpoint of another flavour is a lost position."""
+    the server's oldest binlog (`from_now`: its current position). A checkpoint of another
+    flavour is a lost position."""
     checkpoint = None
     cp = point.checkpoint
     if cp is not None and cp.position.HasField("mysql"):
@@ -154,6 +163,9 @@ def resume_from(point: ResumePoint, facts: ServerFacts
         return checkpoint, CapturePosition.from_proto(start, facts.flavor)
     if checkpoint is not None:
         return checkpoint, checkpoint
+    if from_now:
+        now = facts.gtid_binlog_pos if facts.flavor == "mariadb" else facts.gtid_executed
+        return None, CapturePosition(facts.flavor, gtid_set=str(now))
     if facts.flavor == "mariadb":
         first = facts.first_binlog
         state = first.gtid_list if first and first.gtid_list else MariadbGtidPosition()

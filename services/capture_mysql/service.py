@@ -11,7 +11,10 @@ Each session:
 3. compares the server's identity with the stored one and checks the checkpoint
    (and a start past it) is reachable, or reconciles (`identity.py`, `position.py`);
 4. streams: the binlog by GTID (`reader.py`), turned into events (`events.py`),
-   through the shared assembler to the bus, until stopped or the connection breaks.
+   through the snapshot merger and the shared assembler to the bus, until stopped or
+   the connection breaks; beside it, the snapshot reader (`snapshot.py`, the shared
+   `tailrace_services.capture.snapshot`) reads the tables the snapshot record asks for,
+   writing its watermarks to the signal table (`signal_table.py`).
 
 What an error means is `errors.py`; transient failures start a new session after a
 backoff with jitter, fatal ones are reported and raised (`lifecycle.py`). A lost
@@ -27,9 +30,12 @@ import pymysql
 
 from tailrace.config import MysqlSourceSpec, PipelineSpec
 from tailrace.control_client import ControlClient
+from tailrace.errors import ConfigError
 from tailrace.logs import get_logger
+from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_mysql.connection import (
     ConnectionSettings,
     ServerFacts,
@@ -46,6 +52,8 @@ from tailrace_services.capture_mysql.identity import (
 from tailrace_services.capture_mysql.position import CapturePosition, accepts, resume_from
 from tailrace_services.capture_mysql.reader import BinlogStream
 from tailrace_services.capture_mysql.schema import SchemaTracker
+from tailrace_services.capture_mysql.signal_table import SignalTable
+from tailrace_services.capture_mysql.snapshot import MysqlChunks
 from tailrace_services.capture_mysql.tables import TableFilter
 
 __all__ = ["MysqlCapture", "default_replica_server_id"]
@@ -71,7 +79,10 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         self.settings = ConnectionSettings.from_dsn(source.dsn.get_secret_value())
         self.replica_server_id = source.server_id or default_replica_server_id(
             pipeline.name, source.id)
-        self.filter = TableFilter(source.tables)
+        self.signal = SignalTable.parse(source.snapshot.signal_table)
+        self.filter = TableFilter(source.tables,
+                                  exclude=[(self.signal.database, self.signal.table)])
+        self._registered = False
         self.heartbeat_s = 0.5
         self.read_timeout_s = 10.0
 
@@ -81,12 +92,13 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                         "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY 1, 2")
             return [(str(d), str(t)) for d, t in cur.fetchall() if self.filter.matches(d, t)]
 
-    def _prepare(self) -> tuple[ServerFacts, CapturePosition]:
+    def _prepare(self) -> tuple[ServerFacts, CapturePosition, list[tuple[str, str]]]:
         conn = connect(self.settings)
         try:
             facts = read_facts(conn, self.settings, self.replica_server_id, self.source.id)
             tables = self._selected_tables(conn)
-            checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts)
+            checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts,
+                                            from_now=self._snapshot_covers_the_past())
             check = ServerCheck(self.control, self.source.id, self.pipeline.tenant,
                                 self.replica_server_id, self.source.on_schema_drift)
             # The checkpoint decides the reconcile; with none yet, where we start does.
@@ -96,9 +108,22 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                 check.position(self.settings.kwargs(), facts, start, same)
             log.info("tables selected", tables=[f"{d}.{t}" for d, t in tables])
             self._warn_keyless(conn, tables)
-            return facts, start
+            return facts, start, tables
         finally:
             conn.close()
+
+    def _snapshot_covers_the_past(self) -> bool:
+        """A new pipeline that snapshots its tables first may stream from the server's current
+        position (`position.resume_from`): only while no table's snapshot got anywhere — a
+        table done, failed or cancelled, or read in part, relies on the stream from where it
+        started, so a later session (with nothing on the bus: killed before its first
+        publish, or a bus that lost its data) starts at the oldest binlog instead."""
+        if self.source.snapshot.mode == "never":
+            return False
+        state = self.control.snapshot_state(self.pipeline.name)
+        return all(t.state == pb.SNAPSHOT_PENDING or
+                   (t.state == pb.SNAPSHOT_RUNNING and not t.chunks_done and not t.cursor)
+                   for t in state.tables)
 
     @staticmethod
     def _warn_keyless(conn: pymysql.connections.Connection,
@@ -116,7 +141,10 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
 
     def _session(self) -> None:
         """One connection: checks, then stream until stopped."""
-        facts, start = self._prepare()
+        if not self._registered:  # the snapshot record belongs to a registered pipeline
+            self.control.register_pipeline(self.pipeline)
+            self._registered = True
+        facts, start, tables = self._prepare()
         stream = BinlogStream(
             self.settings.kwargs(), replica_server_id=self.replica_server_id,
             start=start.state(),
@@ -126,13 +154,37 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             stream, EventFactory(self.source.id, self.pipeline.tenant),
             SchemaTracker(self.control, self.pipeline.tenant, self.settings, facts.flavor),
             self.filter, self.settings, self.metrics, start=start, server_id=facts.server_id,
-            identity=identity_fingerprint(facts.flavor, identity_attributes(facts)))
+            identity=identity_fingerprint(facts.flavor, identity_attributes(facts)),
+            signal=self.signal)
+        merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
+        worker = self._snapshot_worker(merger, facts, tables)
+        feed.on_table = lambda table: worker.add_tables([table])
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
+                worker.start()  # before anything of this session is published
                 self.lifecycle.streaming()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),
                          replica_server_id=self.replica_server_id)
-                assembler.run(feed.items(), stopped=lambda: self.lifecycle.stopping)
+                assembler.run(merger.items(feed.items()),
+                              stopped=lambda: self.lifecycle.stopping)
         finally:
+            worker.stop()
             stream.close()
+
+    def _snapshot_worker(self, merger: SnapshotMerger, facts: ServerFacts,
+                         tables: list[tuple[str, str]]) -> SnapshotWorker:
+        """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
+        readers = [MysqlChunks(self.settings, self.source.id, self.pipeline.tenant,
+                               facts.flavor, self.signal, self.control)
+                   for _ in range(self.source.snapshot.parallelism)]
+        selected = {}
+        for database, table in tables:
+            name = f"{database}.{table}"
+            try:
+                selected[name] = readers[0].key_columns(name)
+            except ConfigError as e:  # dropped since it was selected
+                log.info("selected table is gone", table=name, reason=str(e))
+        return SnapshotWorker(self.pipeline, self.control, readers, merger,
+                              SnapshotProgress(self.control, self.pipeline, self.source_type),
+                              selected, self.metrics, on_all_done=self.lifecycle.stop)

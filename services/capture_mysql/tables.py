@@ -32,10 +32,15 @@ SYSTEM_DATABASES = frozenset({"mysql", "information_schema", "performance_schema
 
 
 class TableFilter(TableMatcher):
-    """`matches(db, table)` for the spec's `db.table` patterns (ValueError for another form)."""
+    """`matches(db, table)` for the spec's `db.table` patterns (ValueError for another form);
+    `exclude`d tables (the snapshot signal table) never match."""
 
-    def __init__(self, patterns: Iterable[str]) -> None:
+    def __init__(self, patterns: Iterable[str], exclude: Iterable[tuple[str, str]] = ()) -> None:
         super().__init__(patterns, levels=(2,), system_databases=SYSTEM_DATABASES)
+        self.exclude = frozenset(exclude)
+
+    def matches(self, *names: str) -> bool:
+        return names not in self.exclude and super().matches(*names)
 
 
 @dataclass(frozen=True, slots=True)

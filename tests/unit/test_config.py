@@ -270,9 +270,10 @@ def test_a_quorum_no_set_of_sinks_can_meet_is_refused():
                        "set it between 1 and 1")
 
 
-def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
-    """Every snapshot setting the loader accepts is used (tests/integration/test_pg_snapshot.py);
-    what is not built yet is refused with a message, never accepted and ignored."""
+def test_snapshot_settings_are_checked_and_what_is_not_built_is_refused():
+    """Every snapshot setting the loader accepts is used (tests/integration/test_pg_snapshot.py,
+    test_mysql_snapshot.py); what is not built yet is refused with a message, never accepted
+    and ignored."""
     pg = GOOD.replace("tables: [public.orders, shop.order_%]}",
                       "tables: [public.orders], snapshot: {mode: initial_only, chunk_size: 500}}")
     snapshot = parse_pipeline(pg, env={"PG_DSN": "postgresql://h/db"}).spec.source.snapshot
@@ -289,12 +290,28 @@ def test_snapshot_settings_are_checked_and_mysql_snapshots_refused():
                        ("key_columns: {public.other: [id]}", "does not select"),
                        ("key_columns: {public.orders: []}", r"snapshot\.key_columns"),
                        ("key_columns: {public.orders: [a, a]}", "each column once"),
-                       ("key_columns: {public.ord%: [a]}", "no wildcards")]:
+                       ("key_columns: {public.ord%: [a]}", "no wildcards"),
+                       ("signal_table: tailrace.signal", "mysql sources only")]:
         text = GOOD.replace("tables: [public.orders, shop.order_%]}",
                             f"tables: [public.orders], snapshot: {{{bad}}}}}")
         with pytest.raises(ConfigError, match=match):
             parse_pipeline(text, env={"PG_DSN": "postgresql://h/db"})
-    mysql = GOOD.replace("type: postgres", "type: mysql").replace(
-        "tables: [public.orders, shop.order_%]}", "tables: [shop.orders], snapshot: {mode: initial}}")
-    with pytest.raises(ConfigError, match="not available for mysql sources yet"):
-        parse_pipeline(mysql, env={"PG_DSN": "mysql://u@h:3306/shop"})
+
+    def mysql(snapshot: str) -> str:
+        return GOOD.replace("type: postgres", "type: mysql").replace(
+            "tables: [public.orders, shop.order_%]}", f"tables: [shop.orders], snapshot: {snapshot}}}")
+
+    env = {"PG_DSN": "mysql://u@h:3306/shop"}
+    for mode in ("initial", "initial_only"):
+        spec = parse_pipeline(mysql(f"{{mode: {mode}, signal_table: ops.cdc_signal}}"), env=env)
+        assert spec.spec.source.snapshot.mode == mode
+        assert spec.spec.source.snapshot.signal_table == "ops.cdc_signal"
+        assert spec.spec.source.snapshot.parallelism == 2
+    assert parse_pipeline(mysql("{mode: initial}"), env=env).spec.source.snapshot.signal_table \
+        is None  # the default, tailrace.snapshot_signal (capture_mysql/signal_table.py)
+    for bad, match in [("{mode: when_needed}", r"snapshot\.mode"),
+                       ("{parallelism: 0}", r"snapshot\.parallelism"),
+                       ("{key_columns: {shop.orders: [id]}}", r"snapshot\.key_columns"),
+                       ("{signal_table: nodot}", r"snapshot\.signal_table")]:
+        with pytest.raises(ConfigError, match=match):
+            parse_pipeline(mysql(bad), env=env)

@@ -183,6 +183,9 @@ class SnapshotSpec(_Spec):
             if len(set(columns)) != len(columns) or not all(columns):
                 raise ValueError(f"{table}: {columns} must name each column once")
         return value
+    # mysql only: the table the watermarks are written to (`db.table`; default
+    # tailrace.snapshot_signal, created when missing; capture_mysql/signal_table.py)
+    signal_table: Annotated[str, Field(pattern=r"^[A-Za-z0-9_$]+\.[A-Za-z0-9_$]+$")] | None = None
 
 
 class _SourceBase(_Spec):
@@ -212,6 +215,13 @@ class PostgresSourceSpec(_SourceBase):
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_postgres_dsn)))
 
+    @model_validator(mode="after")
+    def _no_signal_table(self) -> PostgresSourceSpec:
+        if self.snapshot.signal_table is not None:
+            raise ValueError("snapshot.signal_table applies to mysql sources only (PostgreSQL "
+                             "writes its watermarks with pg_logical_emit_message); remove it")
+        return self
+
 
 class MysqlSourceSpec(_SourceBase):
     type: Literal["mysql"]
@@ -219,9 +229,10 @@ class MysqlSourceSpec(_SourceBase):
 
     @model_validator(mode="after")
     def _snapshot_supported(self) -> MysqlSourceSpec:
-        if self.snapshot.mode != "never":
-            raise ValueError(f"snapshot.mode {self.snapshot.mode!r} is not available for mysql "
-                             "sources yet (PostgreSQL only); use mode: never")
+        if self.snapshot.mode == "when_needed":
+            raise ValueError("snapshot.mode 'when_needed' is not available for mysql sources "
+                             "yet (a lost position is recovered on PostgreSQL only); use "
+                             "initial")
         if self.snapshot.key_columns:
             raise ValueError("snapshot.key_columns is not available for mysql sources yet "
                              "(PostgreSQL only)")

@@ -301,7 +301,11 @@ class SnapshotWorker:
                     added = [self._added.popleft() for _ in range(len(self._added))]
                 if added:
                     for table in added:
-                        self.selected[table] = source.key_columns(table)
+                        try:
+                            self.selected[table] = source.key_columns(table)
+                        except ConfigError as e:  # gone again (dropped, renamed away)
+                            log.info("table no longer there to snapshot", table=table,
+                                     reason=str(e))
                     self._report_selected()
                 state = self.progress.read()
                 with self._lock:
