@@ -39,6 +39,12 @@ FAILURES_BEFORE_FAILED = 3
 _READ = Op.OP_SNAPSHOT_READ
 
 
+def _no_key(table: str, pipeline: PipelineSpec) -> str:
+    fix = (", or name its key in spec.source.snapshot.key_columns"
+           if pipeline.spec.source.type == "postgres" else "")
+    return f"{table} has no primary key to read it in chunks by: add one{fix}"
+
+
 @dataclass
 class _OnBus:
     """What a restart found of one read transaction: its keys, its size, and where."""
@@ -277,9 +283,7 @@ class SnapshotWorker:
                     if not keys:
                         state.tables.add(table=table, state=pb.SNAPSHOT_FAILED,
                                          updated_unix_ms=now,
-                                         reason=f"{table} has no primary key to read it in "
-                                                "chunks by: add one, or name its key in "
-                                                "spec.source.snapshot.key_columns")
+                                         reason=_no_key(table, self.pipeline))
                         continue
                     state.tables.add(table=table, state=pb.SNAPSHOT_PENDING,
                                      requested_unix_ms=now, updated_unix_ms=now,
