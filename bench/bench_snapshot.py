@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_snapshot.py [--source postgres|mariadb] [--rows 1000000]
                                              [--chunk-size 10000] [--writer 1000]
+                                             [--tables 1] [--parallelism 2]
 
 Starts a throwaway PostgreSQL (or MariaDB), a Kafka-protocol broker and a control service,
 fills one table of mixed types (bigint key, int, text, timestamp, numeric, JSON, boolean,
@@ -16,8 +17,9 @@ uuid) with `--rows` rows, then:
    rows per second from its "streaming" log line to its exit, with its peak RSS.
 
 `--writer N` updates random rows during the snapshot, N transactions of 5 updates per
-second. Figures, not
-assertions: they depend on the machine and its load (printed).
+second. `--tables N` (PostgreSQL) spreads the rows over N tables, which capture reads
+`--parallelism` at a time (`snapshot.parallelism`). Figures, not assertions: they depend
+on the machine and its load (printed).
 """
 
 from __future__ import annotations
@@ -56,14 +58,14 @@ spec:
     id: bench-src
     dsn: "{dsn}"
     tables: [{table}]
-    snapshot: {{mode: initial_only, chunk_size: {chunk}}}
+    snapshot: {{mode: initial_only, chunk_size: {chunk}, parallelism: {parallelism}}}
   sinks: [{{id: none, type: redis, url: "redis://127.0.0.1:9"}}]
   bus: {{brokers: "{brokers}"}}
   control: {{address: "{control}"}}
 """
-TABLE = """CREATE TABLE items (id bigint PRIMARY KEY, n int, label text, at timestamptz,
+TABLE = """CREATE TABLE {name} (id bigint PRIMARY KEY, n int, label text, at timestamptz,
   amount numeric(12,2), doc jsonb, flag boolean, uid uuid)"""
-FILL = """INSERT INTO items SELECT g, g %% 1000, 'row ' || g, now() - g * interval '1 s',
+FILL = """INSERT INTO {name} SELECT g, g %% 1000, 'row ' || g, now() - g * interval '1 s',
   g * 0.01, jsonb_build_object('g', g, 'tags', jsonb_build_array('a', 'b')), g %% 2 = 0,
   md5(g::text)::uuid FROM generate_series(%s::bigint, %s::bigint) g"""
 
@@ -121,21 +123,24 @@ class MariadbWriter(threading.Thread):
         conn.close()
 
 
-def ceiling(dsn: str, rows: int, chunk: int) -> float:
-    """Rows per second of the chunk queries alone, values as text."""
+def ceiling(dsn: str, tables: list[str], rows: int, chunk: int) -> float:
+    """Rows per second of the chunk queries alone (one table after the other), values as
+    text."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.cursor()
         for oid in (20, 23, 25, 1184, 1700, 3802, 16, 2950):
             cur.adapters.register_loader(oid, TextLoader)
         started = time.perf_counter()
-        last, seen = "0", 0
-        while True:
-            got = cur.execute("SELECT * FROM items WHERE id > %s::bigint ORDER BY id LIMIT %s",
-                              (last, chunk)).fetchall()
-            if not got:
-                break
-            seen += len(got)
-            last = got[-1][0]
+        seen = 0
+        for table in tables:
+            last = "0"
+            while True:
+                got = cur.execute(f"SELECT * FROM {table} WHERE id > %s::bigint ORDER BY id "
+                                  "LIMIT %s", (last, chunk)).fetchall()
+                if not got:
+                    break
+                seen += len(got)
+                last = got[-1][0]
         assert seen == rows, (seen, rows)
         return rows / (time.perf_counter() - started)
 
@@ -207,6 +212,11 @@ def main() -> None:
     parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=10_000)
+    parser.add_argument("--tables", type=int, default=1,
+                        help="PostgreSQL: spread the rows over this many tables (items, "
+                             "items_2, ...), read `--parallelism` at a time")
+    parser.add_argument("--parallelism", type=int, default=2,
+                        help="snapshot.parallelism: tables read at once")
     parser.add_argument("--writer", type=int, default=0, metavar="TX_PER_S",
                         help="update random rows during the snapshot: this many transactions "
                              "of 5 updates per second")
@@ -221,20 +231,25 @@ def main() -> None:
     with PostgresServer() as pg, KafkaBroker() as kafka:
         server = serve(MemoryStorage(), "127.0.0.1:0")
         try:
-            pg.execute(TABLE)
+            tables = ["items"] + [f"items_{n}" for n in range(2, args.tables + 1)]
+            per_table = args.rows // len(tables)
             started = time.perf_counter()
-            for start in range(1, args.rows + 1, 100_000):
-                pg.execute(FILL, [start, min(start + 99_999, args.rows)])
-            pg.execute("VACUUM ANALYZE items")
-            print(f"filled items with {args.rows:,} rows of 8 columns in "
-                  f"{time.perf_counter() - started:.1f} s")
-            rate = ceiling(pg.dsn(), args.rows, args.chunk_size)
+            for table in tables:
+                pg.execute(TABLE.format(name=table))
+                for start in range(1, per_table + 1, 100_000):
+                    pg.execute(FILL.format(name=table), [start, min(start + 99_999, per_table)])
+                pg.execute(f"VACUUM ANALYZE {table}")
+            print(f"filled {', '.join(tables)} with {per_table * len(tables):,} rows of 8 "
+                  f"columns in {time.perf_counter() - started:.1f} s")
+            rate = ceiling(pg.dsn(), tables, per_table * len(tables), args.chunk_size)
             print(f"ceiling: the chunk queries alone, values as text: {rate:,.0f} rows/s")
             spec = work / "bench.yaml"
-            spec.write_text(SPEC.format(source="postgres", dsn=pg.dsn(), table="public.items",
+            spec.write_text(SPEC.format(source="postgres", dsn=pg.dsn(),
+                                        table=", ".join(f"public.{t}" for t in tables),
                                         brokers=kafka.bootstrap, chunk=args.chunk_size,
+                                        parallelism=args.parallelism,
                                         control=f"127.0.0.1:{server.port}"))
-            writer = Writer(pg.dsn(), args.rows, args.writer) if args.writer else None
+            writer = Writer(pg.dsn(), per_table, args.writer) if args.writer else None
             report(*snapshot(spec, work / "capture.log", writer, args.profile), args.writer)
         finally:
             server.stop(0)
@@ -258,6 +273,7 @@ def run_mariadb(args: argparse.Namespace, work: Path) -> None:
             spec = work / "bench.yaml"
             spec.write_text(SPEC.format(source="mysql", dsn=maria.dsn(), table="bench.items",
                                         brokers=kafka.bootstrap, chunk=args.chunk_size,
+                                        parallelism=args.parallelism,
                                         control=f"127.0.0.1:{server.port}"))
             writer = MariadbWriter(maria, args.rows, args.writer) if args.writer else None
             report(*snapshot(spec, work / "capture.log", writer, args.profile), args.writer)
