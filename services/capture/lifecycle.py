@@ -156,10 +156,18 @@ class CaptureLifecycle:
             def ask(state: pb.SnapshotState) -> None:
                 state.resnapshot_requested, state.resnapshot_reason = True, reason
 
-            progress.change(ask)
+            while not self.stopping:
+                try:
+                    progress.change(ask)
+                    break
+                except (RetryableError, NonRetryableError) as e:
+                    self._reconnect(e, "cannot ask for the resnapshot yet")
             log.warning("position lost: reading every table again (snapshot.mode when_needed)",
                         reason=str(lost))
-            return True
+            # not at once: a server that keeps losing the position must not spin through
+            # accepts (each one a new era of positions)
+            self._reconnect(lost, "taking the server as it is now after a pause")
+            return not self.stopping
         if not self.wait_for_resnapshot:
             return False
         log.warning("waiting for an operator: after checking the server, run `tailrace "

@@ -122,7 +122,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             return False
         state = self.control.snapshot_state(self.pipeline.name)
         return all(t.state == pb.SNAPSHOT_PENDING or
-                   (t.state == pb.SNAPSHOT_RUNNING and not t.chunks_done and not t.cursor)
+                   (t.state == pb.SNAPSHOT_RUNNING and not t.chunks_done and not t.cursor
+                    and not t.inflight)
                    for t in state.tables)
 
     @staticmethod

@@ -60,6 +60,7 @@ from tailrace_services.capture_postgres.position import (
     Resume,
     check_numbering,
     check_position,
+    check_slot,
     describe_server,
 )
 from tailrace_services.capture_postgres.schema import catalog_fingerprints
@@ -125,7 +126,6 @@ class Checked:
     resume: Resume
     history: HistoryCheck
     era: int  # positions are numbered in it (position.py)
-    accepted: bool = False  # a new era on the server as it is now: read every table again
 
 
 @dataclass
@@ -150,7 +150,7 @@ class ServerCheck:
             self.source_id, FLAVOR, identity_attributes(system), identity_fingerprint(system))
         era = era_of_identity(previous)
         if accept:
-            return self._accept(conn, system, previous, verdict, era, accept)
+            return self._accept(repl, conn, system, previous, verdict, era, accept)
         resume = Resume.of(point.checkpoint, point.latest_epoch, era)
         if verdict != "changed":
             if verdict == "first_seen" and resume.has_position:
@@ -182,8 +182,9 @@ class ServerCheck:
                                             expected_transactions(resume, checked[0], system)),
                        era)
 
-    def _accept(self, conn: psycopg.Connection[Any], system: SystemIdentity,
-                previous: ServerIdentity | None, verdict: str, era: int, why: str) -> Checked:
+    def _accept(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
+                system: SystemIdentity, previous: ServerIdentity | None, verdict: str,
+                era: int, why: str) -> Checked:
         """Take the server as it is now: a new era (position.py), a new slot, the stored
         identity, and a ReconcileRecord saying so (decision `accepted`). Whatever the
         stored checkpoints say is the lost history; streaming starts from the new slot,
@@ -199,7 +200,10 @@ class ServerCheck:
             self.source_id, previous, new,
             [change, f"accepted as it is now: {why}; positions numbered in era {new_era}, "
                      "every table read again"], "accepted")
-        if self.create_slot:
+        if not self.create_slot:  # the operator's slot, used as it is: it must be usable
+            check_slot(self._facts(repl, conn, system).slot, self.slot, Resume(), False,
+                       system.dbname)
+        else:
             dropped = conn.execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                 "WHERE slot_name = %s", (self.slot,)).fetchall()
@@ -211,7 +215,7 @@ class ServerCheck:
         log.warning("server accepted as it is now; every table is read again",
                     source=self.source_id, server=describe_server(system), era=new_era,
                     why=why)
-        return Checked(Resume(), HistoryCheck(0, []), new_era, accepted=True)
+        return Checked(Resume(), HistoryCheck(0, []), new_era)
 
     def _facts(self, repl: ReplicationConnection, conn: psycopg.Connection[Any],
                system: SystemIdentity) -> ServerFacts:

@@ -237,13 +237,18 @@ def check_key_columns(conn: psycopg.Connection[Any], tables: Sequence[tuple[str,
             raise ConfigError(f"{where} has a key of its own (its primary key or replica "
                               "identity index): remove it from key_columns")
         schema, name = table.split(".")
-        found = {r[0] for r in conn.execute(
-            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
-            "c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped", (schema, name))}
+        found = {r[0]: r[1] for r in conn.execute(
+            "SELECT a.attname::text, a.attnotnull FROM pg_attribute a JOIN pg_class c ON "
+            "c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
+            "n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped",
+            (schema, name))}
         missing = [c for c in columns if c not in found]
         if missing:
             raise ConfigError(f"{where} has no column {', '.join(missing)}")
+        nullable = [c for c in columns if not found[c]]
+        if nullable:  # a NULL in a key compares to nothing: chunks would skip rows
+            raise ConfigError(f"{where}: {', '.join(nullable)} may be NULL; key columns must be "
+                              f"NOT NULL (ALTER TABLE {table} ALTER COLUMN ... SET NOT NULL)")
         if keyless[table] != "FULL":
             raise ConfigError(
                 f"{where} is REPLICA IDENTITY {keyless[table]}: its updates and deletes would "

@@ -140,6 +140,14 @@ class SnapshotService:
             if busy:
                 raise FailedPrecondition(f"{', '.join(busy)} is being snapshotted already; "
                                          f"tailrace snapshot cancel {info.name} first")
+            # a table a resnapshot queued whose TRUNCATE is not on the bus yet (failed or
+            # cancelled before its first chunk) keeps it: its sinks must still be cleared
+            reset = {t.table for t in state.tables if t.table in tables and t.reset
+                     and not t.chunks_done}
+            if reset and request.where:
+                raise FailedPrecondition(
+                    f"{', '.join(sorted(reset))} must first be read whole after the resnapshot "
+                    "(its sinks are cleared first); request it without --where")
             kept = [t for t in state.tables if t.table not in tables]
             del state.tables[:]
             state.tables.extend(kept)
@@ -147,7 +155,7 @@ class SnapshotService:
                 state.tables.append(pb.SnapshotTable(
                     table=table, where=request.where, state=pb.SNAPSHOT_PENDING,
                     requested_unix_ms=now, updated_unix_ms=now, reason="requested by an operator",
-                    request_id=state.next_request_id))
+                    request_id=state.next_request_id, reset=table in reset))
                 state.next_request_id += 1
 
         stored = self._store.change(info.name, self._initial(info), edit)

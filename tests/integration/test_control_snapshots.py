@@ -97,3 +97,18 @@ def test_resnapshot_needs_confirmation_and_a_paused_pipeline(client: ControlClie
     client.pause("orders")
     state = client.resnapshot("orders", "shop-pg")
     assert state.resnapshot_requested and state.source_id == "shop-pg"
+
+
+def test_a_table_a_resnapshot_left_uncleared_keeps_its_reset(client: ControlClient) -> None:
+    """A resnapshot's table that failed before its first chunk (its TRUNCATE not on the bus)
+    is requested again: the new request still clears the sinks first, and a filtered one
+    is refused (it would clear them and read back only part of the table)."""
+    state = captured(client, public__items=["id"])
+    state.tables.append(pb.SnapshotTable(table="public.items", state=pb.SNAPSHOT_FAILED,
+                                         reset=True, request_id=1, reason="resnapshot: x"))
+    assert client.update_snapshot(state, state.version).updated
+    refused(client, "must first be read whole after the resnapshot", tables=["public.items"],
+            where="id > 5")
+    again = client.request_snapshot("orders", ["public.items"], "")
+    (entry,) = again.tables
+    assert entry.state == pb.SNAPSHOT_PENDING and entry.reset

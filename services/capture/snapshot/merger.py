@@ -35,6 +35,7 @@ class Chunk:
     dirty: set[Key] = field(default_factory=set)
     exclude: set[Key] = field(default_factory=set)  # on the bus already (crash recovery)
     cleared: ChangeEvent | None = None  # a TRUNCATE to publish at the low watermark (reset)
+    cleared_at: Position | None = None  # where it was published
     before_publish: Callable[[Chunk, Position], None] | None = None
     outcome: str = ""  # published | empty | discarded
     position: Position | None = None
@@ -146,6 +147,7 @@ class SnapshotMerger:
             if chunk.cleared is not None:
                 yield from self._publish([chunk.cleared], mark,
                                          f"snapshot-{chunk.request_id}-{chunk.number}-reset")
+                chunk.cleared_at = mark.position
             return
         if not chunk.low_seen or chunk.rows is None:
             self._finish(chunk, "discarded")

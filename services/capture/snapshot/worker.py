@@ -306,7 +306,9 @@ class SnapshotWorker:
                 if added:
                     for table in added:
                         try:
-                            self.selected[table] = source.key_columns(table)
+                            keys = source.key_columns(table)
+                            with self._lock:
+                                self.selected = {**self.selected, table: keys}
                         except ConfigError as e:  # gone again (dropped, renamed away)
                             log.info("table no longer there to snapshot", table=table,
                                      reason=str(e))
@@ -362,9 +364,10 @@ class SnapshotWorker:
             self._set(table, request_id, state=pb.SNAPSHOT_FAILED, reason=str(e))
             return
         exclude = self._exclude.pop(table, set())
-        if entry.inflight:  # this process's own, left by a failed read of the table:
+        own = [c.tx_seq for c in entry.inflight if not c.partial_from]
+        if own:  # this process's own, left by a failed read of the table:
             # handed to this session's publisher, so an epoch will cover them
-            self._wait_on_bus(max(c.tx_seq for c in entry.inflight))
+            self._wait_on_bus(max(own))
             entry = self._recover(entry, plan)[0]
             if entry.state not in ACTIVE:
                 return
@@ -400,6 +403,8 @@ class SnapshotWorker:
                         rows=chunk.published_rows, last=chunk.last))
                 else:  # nothing published: done once those before it are
                     self._settle(table, request_id, pending, 0, progress)
+                    if chunk.cleared_at is not None:  # and its TRUNCATE
+                        self._wait_on_bus(chunk.cleared_at.tx_seq)
                     self._done(table, request_id, pb.SnapshotChunk(
                         chunk=number, cursor=json.dumps(cursor) if cursor else "",
                         last=chunk.last), progress)
