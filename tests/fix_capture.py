@@ -470,8 +470,12 @@ def assert_position_lost(rig: CaptureRig, capture: CaptureProcess, reason: str,
     found = LOST.search(capture.log())
     assert found is not None, capture.tail()
     assert reason in found.group(1), found.group(0)
-    health = rig.control.client.get_health(rig.source_id)
-    assert health is not None and health.state == pb.HEALTH_POSITION_LOST
+    # capture logs why before it reports to the control service: wait for the report
+    deadline = time.monotonic() + 30
+    while (health := rig.control.client.get_health(rig.source_id)) is None or \
+            health.state != pb.HEALTH_POSITION_LOST:
+        assert time.monotonic() < deadline, f"health not reported as position lost: {health}"
+        time.sleep(0.05)
     assert health.reason == found.group(0)
     return found.group(0)
 
