@@ -97,10 +97,9 @@ class _Table:
             rows[0][0], schema, name, rows[0][1],
             tuple(RelationColumn(r[2], r[3], r[4], bool(r[8])) for r in rows), types)
         self.sql_types = {r[2]: r[5] for r in rows}
-        self.keys = tuple(choose_key(self.relation, [r[2] for r in rows if r[9]])
-                          or configured_key(self.relation, configured))
-        self.configured_key = bool(self.keys) and not choose_key(
-            self.relation, [r[2] for r in rows if r[9]])  # not unique by constraint
+        own = choose_key(self.relation, [r[2] for r in rows if r[9]])
+        self.keys = tuple(own or configured_key(self.relation, configured))
+        self.keys_unchecked = bool(self.keys) and not own  # from the spec: no constraint
         self.estimate = int(rows[0][10])  # -1: never analyzed
 
 
@@ -203,7 +202,7 @@ class PostgresChunks:
             assert snapshot is not None
             raw_rows = reader.execute(query, params).fetchall()
             more = len(raw_rows) > limit
-            if table.configured_key:
+            if table.keys_unchecked:
                 self._check_unique(table, raw_rows)
             del raw_rows[limit:]
             xmin, xmax, xip = snapshot[0].split(":")
