@@ -173,9 +173,13 @@ def snapshot(spec: Path, log: Path, writer: Writer | MariadbWriter | None,
     """(rows/s, seconds, peak RSS in kB, writer transactions) of capture's snapshot."""
     hwm = 0
     with open(log, "wb") as out:
-        wrap = ["-m", "cProfile", "-o", profile] if profile else []
-        proc = subprocess.Popen([sys.executable, *wrap, "-m", "tailrace_services.capture",
-                                 str(spec)],
+        command = [sys.executable, "-m", "tailrace_services.capture", str(spec)]
+        if profile and profile.endswith(".prof"):
+            command[1:1] = ["-m", "cProfile", "-o", profile]
+        elif profile:  # every thread's stacks, sampled (py-spy, `pip install py-spy`)
+            command[:0] = [str(Path(sys.executable).parent / "py-spy"), "record", "--threads",
+                           "--format", "raw", "--rate", "200", "--output", profile, "--"]
+        proc = subprocess.Popen(command,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
     if writer is not None:
@@ -221,8 +225,10 @@ def main() -> None:
                         help="update random rows during the snapshot: this many transactions "
                              "of 5 updates per second")
     parser.add_argument("--profile", metavar="FILE",
-                        help="run the capture under cProfile and write its stats to FILE "
-                             "(read with `python -m pstats FILE`); the rate then drops")
+                        help="FILE.prof: run the capture under cProfile (its main thread "
+                             "only; read with `python -m pstats FILE`); any other name: "
+                             "sample every thread with py-spy into collapsed stacks; the "
+                             "rate then drops")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-snap-"))
     if args.source == "mariadb":

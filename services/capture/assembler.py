@@ -7,7 +7,9 @@ A source's feed (`events.py` of each connector) yields, in source order:
 - a `Commit`: the transaction committed. `stamp(event, index, size)` fills the
   transaction fields (id, position, `tx_index/tx_size/tx_end`, idempotency key),
   `position` is where the transaction ends, `commit_ts_us` its source commit time;
-- `IDLE`: nothing new right now (a server heartbeat, a read timeout).
+- `IDLE`: nothing new right now (a server heartbeat, a read timeout);
+- a `Prepared` transaction: whole, stamped and in bus form already (a snapshot chunk's
+  read transaction, `snapshot/records.py`), published as it is.
 
 The assembler holds the open transaction in a `TransactionBuffer` (spilling to disk
 past `spec.source.max_tx_memory_events`, so a 1 GB transaction needs no 1 GB of RAM),
@@ -50,7 +52,8 @@ from tailrace_services.capture.publisher import BusPublisher
 from tailrace_services.capture.resume import ResumeRule
 from tailrace_services.capture.txbuffer import TransactionBuffer
 
-__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Commit", "FeedItem", "Idle", "Stamp"]
+__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Commit", "FeedItem", "Idle", "Prepared",
+           "Stamp"]
 
 log = get_logger(__name__)
 
@@ -78,7 +81,18 @@ class Commit:
     tx_id: str = ""  # for messages
 
 
-FeedItem = Begin | ChangeEvent | list[ChangeEvent] | Commit | Idle
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A whole transaction in bus form: (bus key, serialized `BusRecord`) per event."""
+
+    records: list[tuple[bytes, bytes]]
+    position: Position  # where the transaction ends, as `Commit.position`
+    last: Position  # its last event's position
+    commit_ts_us: int
+    tx_id: str = ""
+
+
+FeedItem = Begin | ChangeEvent | list[ChangeEvent] | Commit | Idle | Prepared
 
 
 class Assembler:
@@ -112,6 +126,8 @@ class Assembler:
                 buffer.clear()
             elif isinstance(item, Idle):
                 self.publisher.tick()
+            elif isinstance(item, Prepared):
+                self._publish_prepared(item)
             else:
                 raise TypeError(f"a capture feed yielded {type(item).__name__}, not a feed item")
             if stopped():
@@ -136,6 +152,17 @@ class Assembler:
             publisher.tick()
         metrics.lag_seconds.set(max(time.time() - commit.commit_ts_us / 1e6, 0.0))
         self.resume.published_up_to(commit.position)
+
+    def _publish_prepared(self, prepared: Prepared) -> None:
+        metrics, publisher = self.metrics, self.publisher
+        sent = publisher.bytes_published
+        publisher.publish_records(prepared.records, prepared.last,
+                                  prepared.commit_ts_us // 1000)
+        metrics.events.inc(len(prepared.records))
+        metrics.transactions.inc()
+        metrics.event_bytes.inc(publisher.bytes_published - sent)
+        metrics.lag_seconds.set(max(time.time() - prepared.commit_ts_us / 1e6, 0.0))
+        self.resume.published_up_to(prepared.position)
 
     # -- the session's end ------------------------------------------------------------
 

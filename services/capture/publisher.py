@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -117,6 +117,21 @@ class BusPublisher:
             count += 1
             nbytes += len(value)
             last = event
+        self._published(count, nbytes, last.position if last is not None else None,
+                        last.ts_source_micros // 1000 if last is not None else 0)
+
+    def publish_records(self, records: Sequence[tuple[bytes, bytes]], last: Position,
+                        source_ms: int) -> None:
+        """A transaction already in bus form (`assembler.Prepared`); `last` is its last
+        event's position."""
+        nbytes = 0
+        for key, value in records:
+            self._produce(key, value, partition_for(key, self._partitions))
+            nbytes += len(value)
+        self._published(len(records), nbytes, last if records else None, source_ms)
+
+    def _published(self, count: int, nbytes: int, last: Position | None,
+                   source_ms: int) -> None:
         self.events_published += count
         self.bytes_published += nbytes
         self._producer.poll(0)
@@ -125,8 +140,8 @@ class BusPublisher:
         if last is None:
             return
         self.transactions_published += 1
-        self._last_position = last.position
-        self._last_source_ms = last.ts_source_micros // 1000
+        self._last_position = last
+        self._last_source_ms = source_ms
         self._epoch_pending = True
         if time.monotonic() - self._last_epoch_at >= self._epoch_s:
             self._emit_epoch()

@@ -60,8 +60,9 @@ from pymysqlreplication.constants import FIELD_TYPE
 from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, RetryableError
 from tailrace.events import ChangeEvent, Op
+from tailrace.events._codec import bus_key_of
 from tailrace.logs import get_logger
-from tailrace_services.capture.snapshot import ChunkRows, Key, TablePlan
+from tailrace_services.capture.snapshot import ChunkRows, Key, ReadRow, TablePlan
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
 from tailrace_services.capture_mysql.schema import TableShape, catalog_shape
 from tailrace_services.capture_mysql.signal_table import PRUNE_EVERY, SignalTable
@@ -304,10 +305,10 @@ class MysqlChunks:
         table = self._current(plan)
         self._write(token, high=False)
         for _ in range(SHAPE_ATTEMPTS):
-            events, cursor, more = self._select(table, plan, after, limit, where)
+            template, rows, cursor, more = self._select(table, plan, after, limit, where)
             now = self._current(plan)
             if now.shape.fingerprint == table.shape.fingerprint:
-                return ChunkRows(events, cursor, more, forgettable=lambda _tx: True)
+                return ChunkRows(template, rows, cursor, more, forgettable=lambda _tx: True)
             log.info("table changed during a snapshot chunk's read; reading it again",
                      table=plan.table)
             table = now
@@ -315,40 +316,44 @@ class MysqlChunks:
                              "chunk's read")
 
     def _select(self, table: _Table, plan: TablePlan, after: list[str] | None, limit: int,
-                where: str) -> tuple[dict[Key, ChangeEvent], list[str] | None, bool]:
-        """(read events by the merger's key, the cursor after them, whether rows follow)."""
+                where: str) -> tuple[ChangeEvent, dict[Key, ReadRow], list[str] | None, bool]:
+        """(the table's read event without its row, the rows by the merger's key, the
+        cursor after them, whether rows follow)."""
         query, params = self._query(table, after, limit, where)
-        events: dict[Key, ChangeEvent] = {}
+        template = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
+                               database=table.database, table=table.name,
+                               op=Op.OP_SNAPSHOT_READ, key_columns=table.shape.key_columns,
+                               schema_version=table.shape.fingerprint,
+                               schema_sequence=table.sequence)
+        rows: dict[Key, ReadRow] = {}
         last: tuple[Any, ...] | None = None
-        rows = 0
+        count = 0
         names = [n for n, _ in table.forms]
         key_index = [names.index(k) for k in table.chunk_key]
         forms = [(i, f) for i, (_, f) in enumerate(table.forms) if f is not None]
-        decode, keys = table.decoder.row, table.shape.key_columns
-        # the merger's key (`key_of`): the serialized values of the chunk key's columns
+        decode = table.decoder.row
+        # the merger's key (`key_of`): the serialized values of the chunk key's columns;
+        # `bus_key`: those of the event's key columns, in column order
         at = [names.index(k) for k in plan.key_columns]
+        bus_at = sorted(names.index(k) for k in table.shape.key_columns)
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             for raw in cur.fetchall_unbuffered():
-                rows += 1
-                if rows > limit:  # the extra row only says the table goes on
+                count += 1
+                if count > limit:  # the extra row only says the table goes on
                     continue
                 values = list(raw)
                 for i, form in forms:
                     if values[i] is not None:
                         values[i] = form(values[i])
-                event = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
-                                    database=table.database, table=table.name,
-                                    op=Op.OP_SNAPSHOT_READ, key_columns=keys,
-                                    schema_version=table.shape.fingerprint,
-                                    schema_sequence=table.sequence)
-                image = event.after
-                image.CopyFrom(decode(dict(zip(names, values, strict=True))))
-                columns = image.columns
-                events[tuple(columns[i].value.SerializeToString() for i in at)] = event
+                image = decode(dict(zip(names, values, strict=True)))
+                serialized = [c.value.SerializeToString() for c in image.columns]
+                rows[tuple([serialized[i] for i in at])] = (
+                    bus_key_of(table.database, "", table.name, [serialized[i] for i in bus_at]),
+                    image.SerializeToString())
                 last = raw
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
-        return events, cursor, rows > limit
+        return template, rows, cursor, count > limit
 
     def _query(self, table: _Table, after: list[str] | None, limit: int, where: str
                ) -> tuple[str, list[Any]]:

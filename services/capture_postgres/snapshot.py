@@ -22,8 +22,9 @@ running (step 3). Taking the snapshot first would miss one that starts and commi
 between the snapshot and the watermark — not visible, not listed, yet before the
 watermark in the stream: its change would be followed by an older read.
 
-Values are converted by `values.py` through a `Relation` built from the catalog, with
-the same key columns the stream's events get (`schema.choose_key`).
+Values are encoded by `values.py` (`encoder_for`: the server's text straight to the
+serialized `Value` the stream's converters would give) from a `Relation` built from the
+catalog, with the same key columns the stream's events get (`schema.choose_key`).
 """
 
 from __future__ import annotations
@@ -38,18 +39,20 @@ from psycopg.types.string import TextLoader
 
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Op
+from tailrace.events._codec import bus_key_of
+from tailrace.events._wire import NULL, column_prefix, row_bytes
 from tailrace_services.capture.snapshot import (
     WATERMARK_PREFIX,
     ChunkRows,
     Key,
+    ReadRow,
     TablePlan,
-    key_of,
     watermark_content,
 )
 from tailrace_services.capture_postgres.connection import connect
-from tailrace_services.capture_postgres.events import fill_row
 from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
 from tailrace_services.capture_postgres.schema import choose_key, configured_key
+from tailrace_services.capture_postgres.values import encoder_for
 
 __all__ = ["PostgresChunks"]
 
@@ -101,6 +104,14 @@ class _Table:
         self.keys = tuple(own or configured_key(self.relation, configured))
         self.keys_unchecked = bool(self.keys) and not own  # from the spec: no constraint
         self.estimate = int(rows[0][10])  # -1: never analyzed
+        columns = self.relation.columns
+        self.encoders = tuple(encoder_for(c.type_oid, types[c.type_oid].name
+                                          if c.type_oid in types else None) for c in columns)
+        self.prefixes = tuple(column_prefix(c.name, type_name) for c, type_name
+                              in zip(columns, self.relation.type_names, strict=True))
+        names = [c.name for c in columns]
+        self.key_index = tuple(names.index(k) for k in self.keys)  # the merger's key order
+        self.bus_index = tuple(sorted(self.key_index))  # `bus_key`: the row's column order
 
 
 class PostgresChunks:
@@ -212,19 +223,21 @@ class PostgresChunks:
             conn.execute("ROLLBACK")
             raise
         older = self._settled([x for x in running if x < self._unsafe_below])
-        events: dict[Key, ChangeEvent] = {}
-        converters = table.relation.converters
-        key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in table.keys]
+        template = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
+                               database=self.database, schema=table.schema, table=table.name,
+                               op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
+        head = bus_key_of(self.database, table.schema, table.name, [])
+        encoders, prefixes = table.encoders, table.prefixes
+        key_index, bus_index = table.key_index, table.bus_index
+        rows: dict[Key, ReadRow] = {}
         for raw in raw_rows:
-            values = [conv(v) if v is not None else None for conv, v in zip(converters, raw,
-                                                                             strict=True)]
-            event = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
-                                database=self.database, schema=table.schema, table=table.name,
-                                op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
-            fill_row(event.after, table.relation, values)
-            events[key_of(event.after, table.keys)] = event
+            values = [NULL if text is None else encode(text)
+                      for encode, text in zip(encoders, raw, strict=True)]
+            rows[tuple([values[i] for i in key_index])] = (
+                b"\x00".join([head, *[values[i] for i in bus_index]]),
+                row_bytes(prefixes, values))
         cursor = [raw_rows[-1][i] for i in key_index] if raw_rows else None
-        return ChunkRows(events, cursor, more,
+        return ChunkRows(template, rows, cursor, more,
                          hidden={str(x & 0xFFFFFFFF) for x in running},
                          hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},
                          forgettable=_precedes(int(xmin)))

@@ -24,17 +24,24 @@ from decimal import Decimal
 from functools import partial
 from typing import Any
 
+from tailrace.events import value_of
 from tailrace.events._values import Json
+from tailrace.events._wire import value_bool, value_float, value_int, value_string, value_timestamp
 
 __all__ = [
     "ARRAY_ELEMENTS",
     "Converter",
+    "Encoder",
     "array_converter",
     "converter_for",
+    "encoder_for",
     "parse_array",
 ]
 
 Converter = Callable[[str], Any]
+Encoder = Callable[[str], bytes]
+"""A column's text -> its serialized `Value`: `value_of(converter(text)).SerializeToString()`
+without the objects in between (`tailrace.events._wire`)."""
 
 
 def _bool(text: str) -> bool:
@@ -239,3 +246,57 @@ def converter_for(type_oid: int, custom_name: str | None = None) -> Converter:
     if custom_name is not None and custom_name.startswith("_"):
         return _TEXT_ARRAY
     return _text
+
+
+# -- Encoders: text -> serialized Value, for the types most tables are made of ------------
+
+def _int_value(text: str) -> bytes:
+    return value_int(int(text))
+
+
+def _bool_value(text: str) -> bytes:
+    return value_bool(text == "t")
+
+
+def _float_value(text: str) -> bytes:
+    return value_float(float(text))
+
+
+def _decimal_value(text: str) -> bytes:
+    return value_string(7, str(Decimal(text)))  # Decimal's own spelling, as value_of keeps it
+
+
+def _text_value(text: str) -> bytes:
+    return value_string(8, text)
+
+
+def _json_value(text: str) -> bytes:
+    return value_string(10, text)
+
+
+def _uuid_value(text: str) -> bytes:
+    return value_string(15, text)  # uuid_out prints the canonical form str(UUID) prints
+
+
+def _timestamp_value(text: str) -> bytes:
+    try:
+        return value_timestamp(dt.datetime.fromisoformat(text))
+    except ValueError:  # infinity, -infinity, BC, year > 9999: text, as `_timestamp`
+        return value_string(8, text)
+
+
+_ENCODERS: dict[Converter, Encoder] = {
+    int: _int_value, _bool: _bool_value, float: _float_value, Decimal: _decimal_value,
+    _text: _text_value, Json: _json_value, uuid.UUID: _uuid_value,
+    _timestamp: _timestamp_value,
+}
+
+
+def encoder_for(type_oid: int, custom_name: str | None = None) -> Encoder:
+    """The encoder for a column type: a direct one for common types, else the converter's
+    value through `value_of`."""
+    converter = converter_for(type_oid, custom_name)
+    direct = _ENCODERS.get(converter)
+    if direct is not None:
+        return direct
+    return lambda text: value_of(converter(text)).SerializeToString()

@@ -12,8 +12,8 @@ from typing import Any
 
 from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
 
-from tailrace.events import ChangeEvent, Op, Row, value_of
-from tailrace_services.capture.assembler import BEGIN, Commit
+from tailrace.events import ChangeEvent, Op, Row, decode_record, value_of
+from tailrace_services.capture.assembler import BEGIN, Commit, Prepared
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.resume import ResumePoint
 from tailrace_services.capture.snapshot import ChunkRows, SnapshotMerger, watermark_content
@@ -112,19 +112,22 @@ def test_signal_transactions_become_watermarks_and_the_read_takes_the_high_ones_
     merger.record("shop.t", ("id",))
     chunk = Chunk("shop.t", ("id",), request_id=1, number=1, last=True)
     merger.open("c1", chunk)
-    read = ChangeEvent(database="shop", table="t", op=Op.OP_SNAPSHOT_READ)
-    read.after.CopyFrom(Row(columns=[{"name": "id", "value": value_of(7)}]))
-    merger.fill("c1", ChunkRows({(value_of(7).SerializeToString(),): read}, ["7"], False))
+    template = ChangeEvent(database="shop", table="t", op=Op.OP_SNAPSHOT_READ)
+    row = Row(columns=[{"name": "id", "value": value_of(7)}])
+    merger.fill("c1", ChunkRows(template, {(value_of(7).SerializeToString(),):
+                                           (b"shop..t", row.SerializeToString())}, ["7"], False))
     out = list(merger.items(feed.items()))
-    commits = [i for i in out if isinstance(i, Commit)]
+    commits = [i for i in out if isinstance(i, Commit | Prepared)]
     assert [c.position.tx_seq for c in commits] == [11, 12, 13, 14]
     assert [c.tx_id for c in commits] == ["0-1-1", "snapshot-1-1", "0-1-3", "0-1-4"]
-    events = [e for i in out if isinstance(i, list) for e in i]
-    assert len(events) == 1 and chunk.outcome == "published"
-    stamped = commits[1].stamp(events[0], 0, 1)
+    read = commits[1]
+    assert isinstance(read, Prepared) and chunk.outcome == "published"
+    [(key, value)] = read.records
+    stamped = decode_record(value).event
+    assert key == b"shop..t" and stamped.after == row
     assert stamped.position.tx_seq == 12 and stamped.position.mysql.gtid == "0-1-2"
     assert stamped.snapshot.chunk == 1 and stamped.snapshot.last
-    assert out.count(BEGIN) == 5  # one per binlog transaction, one for the read
+    assert out.count(BEGIN) == 4  # one per binlog transaction; the read comes whole
 
 
 def test_values_read_by_select_take_the_binlog_librarys_form() -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tailrace.events import Op
+from tailrace.events import Op, bus_key, decode_record, event_id
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
-from tailrace.proto.event_pb2 import ChangeEvent, Position, Row, Value
-from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
+from tailrace.proto.event_pb2 import ChangeEvent, Position, PostgresPosition, Row, Value
+from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem, Prepared
 from tailrace_services.capture.snapshot import ChunkRows, SnapshotMerger, Watermark, key_of
 from tailrace_services.capture.snapshot.merger import Chunk
+from tailrace_services.capture.snapshot.records import read_transaction
 from tailrace_services.capture_postgres.position import (
     Resume,
     era_of,
@@ -62,7 +63,14 @@ def published(merger: SnapshotMerger, feed: Iterable[FeedItem | Watermark]
             current.extend(item)
         elif isinstance(item, Commit):
             out.append([item.stamp(e, i, len(current)) for i, e in enumerate(current)])
+        elif isinstance(item, Prepared):
+            out.append([decode_record(value).event for _, value in item.records])
     return out
+
+
+def encoded(events: Iterable[ChangeEvent]) -> dict[tuple[bytes, ...], tuple[bytes, bytes]]:
+    """Read events as a source hands them to the merger (`ChunkRows.rows`)."""
+    return {key_of(e.after, KEYS): (bus_key(e), e.after.SerializeToString()) for e in events}
 
 
 def chunk_of(merger: SnapshotMerger, ids: range, *, cleared: bool = False,
@@ -72,8 +80,9 @@ def chunk_of(merger: SnapshotMerger, ids: range, *, cleared: bool = False,
     chunk = Chunk("public.t", KEYS, request_id=1, number=1,
                   cleared=truncate if cleared else None)
     merger.open("tok", chunk)
-    events = {key_of(read(i).after, KEYS): read(i) for i in ids}
-    merger.fill("tok", ChunkRows(events, [str(ids[-1])], more=False, hidden=hidden or set()))
+    template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
+    merger.fill("tok", ChunkRows(template, encoded(read(i) for i in ids), [str(ids[-1])],
+                                 more=False, hidden=hidden or set()))
     return chunk
 
 
@@ -129,3 +138,36 @@ def test_positions_of_a_new_era_sort_after_any_lsn_of_the_old_one() -> None:
     resume = Resume.of(checkpoint, epoch, era=1)  # the checkpoint is of the lost history
     assert (resume.lsn, resume.published_lsn) == (0, 0x200)
     assert Resume.of(checkpoint, None, era=1).has_position is False
+
+
+def test_a_read_transaction_is_what_stamping_each_event_gives() -> None:
+    """Records written field by field (`records.py`) parse to the events the stamping
+    rules describe, and carry the same bus keys as those events."""
+    template = ChangeEvent(source_id="src", tenant="acme", database="shop", schema="public",
+                           table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS,
+                           schema_version="v1")
+    events = []
+    for i in (7, 300, 2**40):
+        event = ChangeEvent()
+        event.CopyFrom(template)
+        event.after.CopyFrom(row(i))
+        events.append(event)
+    position = Position(tx_seq=2**56 + 99, postgres=PostgresPosition(commit_lsn=99, timeline=1))
+    prepared = read_transaction(template, list(encoded(events).values()), source_id="src",
+                                tenant="acme", request_id=4, chunk=12, last=True,
+                                position=position, tx_id="snapshot-4-12", ts_us=1_700_000_000_123_456)
+    assert prepared.position == position and prepared.last.event_index == 2
+    for index, (event, (key, value)) in enumerate(zip(events, prepared.records, strict=True)):
+        expected = ChangeEvent()
+        expected.CopyFrom(event)
+        expected.tx_id, expected.tx_index, expected.tx_size = "snapshot-4-12", index, 3
+        expected.tx_end = index == 2
+        expected.position.CopyFrom(position)
+        expected.position.event_index = index
+        expected.ts_source_micros = expected.ts_captured_micros = 1_700_000_000_123_456
+        expected.id = event_id("src", f"{position.tx_seq:X}", index, 1_700_000_000_123)
+        expected.idempotency_key = f"acme|shop.public.t|snapshot-4-12|{expected.id}"
+        expected.snapshot.request_id, expected.snapshot.chunk = 4, 12
+        expected.snapshot.last = index == 2
+        assert decode_record(value).event == expected
+        assert key == bus_key(expected)

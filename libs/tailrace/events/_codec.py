@@ -64,9 +64,14 @@ def bus_key(event: ChangeEvent) -> bytes:
     if not row.columns:
         row = event.after if event.after.columns else event.before
     keys = event.key_columns
-    parts = [f"{event.database}.{event.schema}.{event.table}".encode()]
-    parts.extend(c.value.SerializeToString() for c in row.columns if c.name in keys)
-    return b"\x00".join(parts)
+    return bus_key_of(event.database, event.schema, event.table,
+                      [c.value.SerializeToString() for c in row.columns if c.name in keys])
+
+
+def bus_key_of(database: str, schema: str, table: str, key_values: list[bytes]) -> bytes:
+    """`bus_key` from its parts: the serialized values of the key columns, in the row's
+    column order."""
+    return b"\x00".join([f"{database}.{schema}.{table}".encode(), *key_values])
 
 
 def row_to_dict(row: Row) -> dict[str, Any] | None:

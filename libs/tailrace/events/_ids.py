@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
 
 
 def event_id(source_id: str, native_tx: str, event_index: int, ts_ms: int) -> str:
@@ -17,7 +16,8 @@ def event_id(source_id: str, native_tx: str, event_index: int, ts_ms: int) -> st
     rand_a = int.from_bytes(digest[:2], "big") & 0x0FFF
     rand_b = int.from_bytes(digest[2:10], "big") & ((1 << 62) - 1)
     value = (ts << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"  # as str(uuid.UUID(int=value)) spells it, without the object
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def idempotency_key(tenant: str, database: str, table: str, tx_id: str, event_id: str) -> str:

@@ -30,6 +30,7 @@ from tailrace_services.capture.snapshot.chunks import (
     ChunkRows,
     ChunkSource,
     Key,
+    ReadRow,
     TablePlan,
     Watermark,
     key_of,
@@ -40,6 +41,6 @@ from tailrace_services.capture.snapshot.merger import SnapshotMerger
 from tailrace_services.capture.snapshot.progress import SnapshotProgress
 from tailrace_services.capture.snapshot.worker import SnapshotWorker
 
-__all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "SnapshotMerger",
+__all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "SnapshotMerger",
            "SnapshotProgress", "SnapshotWorker", "TablePlan", "Watermark", "key_of",
            "parse_watermark", "watermark_content"]

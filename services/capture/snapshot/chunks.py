@@ -9,11 +9,13 @@ from typing import Protocol
 
 from tailrace.proto.event_pb2 import ChangeEvent, Position, Row
 
-__all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "TablePlan", "Watermark",
-           "key_of", "parse_watermark", "watermark_content"]
+__all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "TablePlan",
+           "Watermark", "key_of", "parse_watermark", "watermark_content"]
 
 WATERMARK_PREFIX = "tailrace"
 Key = tuple[bytes, ...]
+ReadRow = tuple[bytes, bytes]
+"""A row a chunk read, in bus form: (its bus key, `bus_key`; its serialized `Row`)."""
 
 
 def watermark_content(token: str, high: bool) -> str:
@@ -58,12 +60,14 @@ class TablePlan:
 
 @dataclass
 class ChunkRows:
-    """What a chunk read: read events by key, in key order; the cursor after them (the
-    last key, as the source's text values); whether rows follow; transactions that may
-    have committed unseen by the read, and those of them that may predate the merger's
-    recording."""
+    """What a chunk read: the table's read event without its row (`template`: what every
+    read event of the table says) and the rows by key, in key order, already encoded (a
+    chunk is many rows; see `records.py`); the cursor after them (the last key, as the
+    source's text values); whether rows follow; transactions that may have committed
+    unseen by the read, and those of them that may predate the merger's recording."""
 
-    events: dict[Key, ChangeEvent]
+    template: ChangeEvent
+    rows: dict[Key, ReadRow]
     cursor: list[str] | None
     more: bool  # rows follow the chunk
     hidden: set[str] = field(default_factory=set)

@@ -12,7 +12,8 @@ from tailrace.events import event_id, idempotency_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Op, Position
 from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
-from tailrace_services.capture.snapshot.chunks import ChunkRows, Key, Watermark, key_of
+from tailrace_services.capture.snapshot.chunks import ChunkRows, Key, ReadRow, Watermark, key_of
+from tailrace_services.capture.snapshot.records import read_transaction
 
 __all__ = ["Chunk", "SnapshotMerger"]
 
@@ -177,22 +178,22 @@ class SnapshotMerger:
                 self._finish(chunk, "discarded")
                 return
         if () in chunk.dirty:  # a TRUNCATE of the table between the watermarks
-            events: list[ChangeEvent] = []
+            kept: list[ReadRow] = []
         else:  # (a reset chunk cleared the table: what was on the bus is gone)
             skip = chunk.dirty | (chunk.exclude if chunk.cleared is None else set())
-            events = [e for k, e in rows.events.items() if k not in skip]
-        if not events:
+            kept = [row for key, row in rows.rows.items() if key not in skip]
+        if not kept:
             self._finish(chunk, "empty")
             return
-        for event in events:
-            event.snapshot.request_id = chunk.request_id
-            event.snapshot.chunk = chunk.number
-        if chunk.last:
-            events[-1].snapshot.last = True
-        chunk.published_rows = len(events)
+        chunk.published_rows = len(kept)
         if chunk.before_publish is not None:
             chunk.before_publish(chunk, mark.position)
-        yield from self._publish(events, mark, f"snapshot-{chunk.request_id}-{chunk.number}")
+        yield read_transaction(rows.template, kept, source_id=self.source_id,
+                               tenant=self.tenant, request_id=chunk.request_id,
+                               chunk=chunk.number, last=chunk.last, position=mark.position,
+                               tx_id=f"snapshot-{chunk.request_id}-{chunk.number}",
+                               ts_us=time.time_ns() // 1000)
+        mark.published.append(True)
         chunk.position = mark.position
         self._finish(chunk, "published")
 
