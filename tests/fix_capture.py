@@ -5,7 +5,8 @@
   subprocess (`python -m tailrace_services.capture`), which tests kill, stop and measure;
 - `read_bus(...)`: the internal topic read back from offset 0 with `assign()`;
 - checks of what the bus holds: whole, marked transactions; epochs that cut between
-  transactions; changes per key in order, once each after delivery-style dedup;
+  transactions; changes per key in order, once each after delivery-style dedup
+  (`deduplicated`), and the rows a sink builds from them (`replayed`);
 - `StandbyServer`: a `pg_basebackup -R` copy of a primary that can be promoted.
 """
 
@@ -36,7 +37,7 @@ from tailrace.config import PipelineSpec, parse_pipeline
 from tailrace.control_client import ControlClient
 from tailrace.devservers import KafkaBroker, PostgresServer
 from tailrace.devservers._process import run_checked
-from tailrace.events import ChangeEvent, EpochMarker, Op, position_key
+from tailrace.events import ChangeEvent, EpochMarker, Op, position_key, python_of
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.server import ControlServer, serve
 from tailrace_services.control.storage import MemoryStorage
@@ -340,6 +341,27 @@ def deduplicated(view: BusView) -> list[ChangeEvent]:
                 out.append(record)
                 hwm = position_key(record.position)
     return out
+
+
+def replayed(events: list[ChangeEvent], table: str, key: str = "id",
+             value: str = "v") -> dict[Any, Any]:
+    """The rows a sink builds of `table` from `events` in order ({key: value}): a TRUNCATE
+    empties it, a delete removes the row, an insert, update or read writes it (DDL events
+    change no row)."""
+    rows: dict[Any, Any] = {}
+    for event in events:
+        if event.table != table or event.op == Op.OP_DDL:
+            continue
+        if event.op == Op.OP_TRUNCATE:
+            rows.clear()
+            continue
+        image = event.after if event.after.columns else event.before
+        values = {c.name: python_of(c.value) for c in image.columns}
+        if event.op == Op.OP_DELETE:
+            rows.pop(values[key], None)
+        else:
+            rows[values[key]] = values[value]
+    return rows
 
 
 def assert_transactions_whole(view: BusView, partitions: int, *, copies: bool = False,

@@ -39,6 +39,13 @@ whole — a partition keeps the producer's order, so everything before it is the
 too; a transaction cut by a kill has no `tx_end` and is published again, whole.
 With several partitions only the marker is used (partitions are not ordered among
 themselves).
+
+`highest_published`: the highest tx_seq anything downstream may hold or be shown of this
+source — the checkpoint, the latest epoch, what this process published, and every event
+on the bus after the latest epoch (on every partition; from offset 0 when the marker is
+not there), whole or cut short. A source that starts its numbering again somewhere else
+(MySQL/MariaDB, after accepting a server as it is now) numbers above it, so that a
+delivery, which keeps each position once and forward only, keeps the new transactions.
 """
 
 from __future__ import annotations
@@ -49,11 +56,12 @@ from dataclasses import dataclass
 from tailrace.bus import BusReader, BusReadError
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
+from tailrace.errors import RetryableError
 from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import Position
 
-__all__ = ["ResumePoint", "ResumeRule", "published_tail"]
+__all__ = ["ResumePoint", "ResumeRule", "highest_on_bus", "published_tail"]
 
 log = get_logger(__name__)
 
@@ -113,6 +121,19 @@ class ResumeRule:
         if published is not None and not accept(published):
             published = None
         return ResumePoint(checkpoint, epoch, published)
+
+
+    def highest_published(self, point: ResumePoint) -> int:
+        """The highest tx_seq of this source anything downstream may hold (module
+        docstring); RetryableError when the bus cannot tell it now."""
+        known = [p.tx_seq for p in (point.checkpoint.position if point.checkpoint else None,
+                                    point.latest_epoch.position if point.latest_epoch else None,
+                                    point.published, self.published) if p is not None]
+        bus = self.pipeline.spec.bus
+        on_bus = highest_on_bus(bus.brokers, self.pipeline.bus_topic, bus.partitions,
+                                self.source_id, point.latest_epoch,
+                                client_config=bus.client_config)
+        return max([*known, on_bus])
 
 
 def published_tail(brokers: str, topic: str, partitions: int, source_id: str,
@@ -177,3 +198,29 @@ def _last_complete(reader: BusReader, start: int, source_id: str, timeout_s: flo
         log.warning("reading the bus tail timed out; resuming from the latest epoch")
         return None
     return last
+
+
+def highest_on_bus(brokers: str, topic: str, partitions: int, source_id: str,
+                   epoch: Epoch | None, timeout_s: float = TAIL_TIMEOUT_S,
+                   client_config: Mapping[str, str] | None = None) -> int:
+    """The highest tx_seq of `source_id`'s events on the bus after `epoch` (0 when none);
+    RetryableError when the bus does not answer in time: a number must not be guessed."""
+    highest = 0
+    with BusReader(brokers, topic, client_id=f"tailrace-capture-highest-{source_id}",
+                   client_config=client_config, committed_only=False) as reader:
+        present = _marker_present(reader, partitions, epoch, timeout_s) if epoch else False
+        if present is None:
+            raise RetryableError(f"bus {topic}: cannot tell whether the latest epoch's marker "
+                                 "is there; the highest published position is not known yet")
+        for partition in range(partitions):
+            start = epoch.end_offsets.get(partition, 0) if present and epoch else 0
+            try:
+                for message in reader.read_to_end(partition, start, timeout_s):
+                    record = message.record()
+                    if record.WhichOneof("record") == "event" and \
+                            record.event.source_id == source_id:
+                        highest = max(highest, record.event.position.tx_seq)
+            except (BusReadError, TimeoutError) as e:
+                raise RetryableError(f"bus {topic}[{partition}]: cannot read it to the end to "
+                                     f"find the highest published position: {e}") from None
+    return highest

@@ -28,6 +28,24 @@ has got anywhere yet (`service.MysqlCapture._snapshot_covers_the_past`), the ser
 current GTID position: the snapshot reads the rows that are there, so replaying the
 binlog's history before it would only publish them again.
 
+After a lost position, a server accepted as it is now (`identity.ServerCheck._accept`:
+an operator's `tailrace resnapshot`, or `snapshot.mode: when_needed`) starts a new
+history: streaming starts at the server's current GTID state (`Accepted.gtid_set`), and
+numbering continues after `Accepted.tx_seq`, the highest tx_seq anything downstream may
+hold (`ResumeRule.highest_published`: checkpoints, epochs, and every event on the bus after
+the latest epoch, a transaction cut short included). The stored identity keeps both
+(`identity.py`). Positions at or below `Accepted.tx_seq` belong to the lost history: a
+sinks' checkpoint there is not checked against the server (`resume_from` sets it aside),
+and a session with nothing of the new history on the bus or checkpointed starts at
+`Accepted.gtid_set` again.
+
+No era is needed, unlike PostgreSQL (whose tx_seq is derived from the LSN, and a new
+server's LSNs may be lower than ours): tx_seq here is our own counter, never derived from
+the server's coordinates. Every session continues it from a position we published or
+checkpointed (or from the accept's `tx_seq`), so a replaced server, one whose GTIDs reuse
+our numbers, or one whose binlogs were purged, gets numbers above everything already
+published, and a delivery's forward-only dedup keeps its transactions.
+
 A snapshot's read transaction takes the position of its high watermark, a transaction of
 its own in the binlog (`events.py`): it counts in tx_seq like any other, and the
 checkpoint after it is the GTID state after the watermark.
@@ -60,8 +78,8 @@ from tailrace_services.capture_mysql.gtid import (
     parse_state,
 )
 
-__all__ = ["CapturePosition", "CheckpointProof", "accepts", "check_reachable", "loss_reason",
-           "resume_from"]
+__all__ = ["Accepted", "CapturePosition", "CheckpointProof", "accepts", "check_reachable",
+           "loss_reason", "resume_from"]
 
 log = get_logger(__name__)
 
@@ -143,11 +161,29 @@ def accepts(flavor: Flavor) -> Callable[[Position], bool]:
     return accept
 
 
-def resume_from(point: ResumePoint, facts: ServerFacts, *, from_now: bool = False
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """Where the history of a server accepted as it is now starts (module docstring): its
+    GTID state then, and the highest tx_seq published before it."""
+
+    tx_seq: int
+    gtid_set: str
+
+
+def resume_from(point: ResumePoint, facts: ServerFacts, *, from_now: bool = False,
+                accepted: Accepted | None = None
                 ) -> tuple[CapturePosition | None, CapturePosition]:
     """(the sinks' checkpoint, where streaming starts): the rule's start, or with none yet
     the server's oldest binlog (`from_now`: its current position). A checkpoint of another
-    flavour is a lost position."""
+    flavour is a lost position. After an accept, positions at or below `accepted.tx_seq`
+    are of the lost history: set aside, and with nothing after them the accepted state is
+    the start."""
+    if accepted is not None:
+        after = accepted.tx_seq
+        cp = point.checkpoint
+        point = replace(point, checkpoint=cp if cp and cp.position.tx_seq > after else None,
+                        published=point.published if point.published and
+                        point.published.tx_seq > after else None)
     checkpoint = None
     cp = point.checkpoint
     if cp is not None and cp.position.HasField("mysql"):
@@ -163,6 +199,9 @@ def resume_from(point: ResumePoint, facts: ServerFacts, *, from_now: bool = Fals
         return checkpoint, CapturePosition.from_proto(start, facts.flavor)
     if checkpoint is not None:
         return checkpoint, checkpoint
+    if accepted is not None:
+        return None, CapturePosition(facts.flavor, gtid_set=accepted.gtid_set,
+                                     tx_seq=accepted.tx_seq)
     if from_now:
         now = facts.gtid_binlog_pos if facts.flavor == "mariadb" else facts.gtid_executed
         return None, CapturePosition(facts.flavor, gtid_set=str(now))

@@ -10,6 +10,11 @@ Each session:
    (`position.resume_from`);
 3. compares the server's identity with the stored one and checks the checkpoint
    (and a start past it) is reachable, or reconciles (`identity.py`, `position.py`);
+   with a resnapshot asked for in the snapshot record (an operator's `tailrace
+   resnapshot`, or `snapshot.mode: when_needed` after a lost position, `lifecycle.py`),
+   it takes the server as it is now instead: streaming starts at its current GTID state,
+   numbered above everything published, and every table is read again, each after a
+   TRUNCATE event;
 4. streams: the binlog by GTID (`reader.py`), turned into events (`events.py`),
    through the snapshot merger and the shared assembler to the bus, until stopped or
    the connection breaks; beside it, the snapshot reader (`snapshot.py`, the shared
@@ -49,7 +54,7 @@ from tailrace_services.capture_mysql.identity import (
     identity_attributes,
     identity_fingerprint,
 )
-from tailrace_services.capture_mysql.position import CapturePosition, accepts, resume_from
+from tailrace_services.capture_mysql.position import CapturePosition, accepts
 from tailrace_services.capture_mysql.reader import BinlogStream
 from tailrace_services.capture_mysql.schema import SchemaTracker
 from tailrace_services.capture_mysql.signal_table import SignalTable
@@ -85,6 +90,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         self._registered = False
         self.heartbeat_s = 0.5
         self.read_timeout_s = 10.0
+        self.lifecycle.can_resnapshot = True  # `identity.ServerCheck._accept`
 
     def _selected_tables(self, conn: pymysql.connections.Connection) -> list[tuple[str, str]]:
         with conn.cursor() as cur:
@@ -92,20 +98,18 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                         "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY 1, 2")
             return [(str(d), str(t)) for d, t in cur.fetchall() if self.filter.matches(d, t)]
 
-    def _prepare(self) -> tuple[ServerFacts, CapturePosition, list[tuple[str, str]]]:
+    def _prepare(self, accept: str) -> tuple[ServerFacts, CapturePosition, list[tuple[str, str]]]:
         conn = connect(self.settings)
         try:
             facts = read_facts(conn, self.settings, self.replica_server_id, self.source.id)
             tables = self._selected_tables(conn)
-            checkpoint, start = resume_from(self.resume.read(accepts(facts.flavor)), facts,
-                                            from_now=self._snapshot_covers_the_past())
+            point = self.resume.read(accepts(facts.flavor))
             check = ServerCheck(self.control, self.source.id, self.pipeline.tenant,
                                 self.replica_server_id, self.source.on_schema_drift)
-            # The checkpoint decides the reconcile; with none yet, where we start does.
-            same = check.run(conn, self.settings.kwargs(), facts,
-                             checkpoint or (start if start.tx_seq else None), tables)
-            if checkpoint is not None and start.tx_seq > checkpoint.tx_seq:
-                check.position(self.settings.kwargs(), facts, start, same)
+            start = check.run(conn, self.settings.kwargs(), facts, point, tables,
+                              from_now=not accept and self._snapshot_covers_the_past(),
+                              accept=accept,
+                              highest=lambda: self.resume.highest_published(point))
             log.info("tables selected", tables=[f"{d}.{t}" for d, t in tables])
             self._warn_keyless(conn, tables)
             return facts, start, tables
@@ -145,7 +149,10 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         if not self._registered:  # the snapshot record belongs to a registered pipeline
             self.control.register_pipeline(self.pipeline)
             self._registered = True
-        facts, start, tables = self._prepare()
+        progress = SnapshotProgress(self.control, self.pipeline, self.source_type)
+        record = progress.read()  # a resnapshot asked for: take the server as it is now
+        accept = (record.resnapshot_reason or "requested") if record.resnapshot_requested else ""
+        facts, start, tables = self._prepare(accept)
         stream = BinlogStream(
             self.settings.kwargs(), replica_server_id=self.replica_server_id,
             start=start.state(),
@@ -158,11 +165,11 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             identity=identity_fingerprint(facts.flavor, identity_attributes(facts)),
             signal=self.signal)
         merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
-        worker = self._snapshot_worker(merger, facts, tables)
+        worker = self._snapshot_worker(merger, progress, facts, tables)
         feed.on_table = lambda table: worker.add_tables([table])
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
-                worker.start()  # before anything of this session is published
+                worker.start(resnapshot=accept)  # before anything of this session is published
                 self.lifecycle.streaming()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),
@@ -173,8 +180,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             worker.stop()
             stream.close()
 
-    def _snapshot_worker(self, merger: SnapshotMerger, facts: ServerFacts,
-                         tables: list[tuple[str, str]]) -> SnapshotWorker:
+    def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
+                         facts: ServerFacts, tables: list[tuple[str, str]]) -> SnapshotWorker:
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
         readers = [MysqlChunks(self.settings, self.source.id, self.pipeline.tenant,
                                facts.flavor, self.signal, self.control)
@@ -186,6 +193,5 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                 selected[name] = readers[0].key_columns(name)
             except ConfigError as e:  # dropped since it was selected
                 log.info("selected table is gone", table=name, reason=str(e))
-        return SnapshotWorker(self.pipeline, self.control, readers, merger,
-                              SnapshotProgress(self.control, self.pipeline, self.source_type),
+        return SnapshotWorker(self.pipeline, self.control, readers, merger, progress,
                               selected, self.metrics, on_all_done=self.lifecycle.stop)

@@ -190,10 +190,6 @@ class SnapshotService:
                 f"resnapshot accepts the server of source {info.source_id} as it is now and "
                 "reads every table again; confirm by repeating the source id (--confirm "
                 f"{info.source_id})")
-        if info.source_type == "mysql":
-            raise FailedPrecondition(
-                f"resnapshot is not available for mysql sources yet (source {info.source_id}): "
-                "create a new pipeline with a new source id against the server as it is now")
         if not self._pipelines.is_paused(info.name):
             raise FailedPrecondition(f"pipeline {info.name} is running; pause it first "
                                      f"(tailrace pause {info.name}), resnapshot, then resume")

@@ -99,6 +99,18 @@ def test_resnapshot_needs_confirmation_and_a_paused_pipeline(client: ControlClie
     assert state.resnapshot_requested and state.source_id == "shop-pg"
 
 
+def test_resnapshot_of_a_mysql_source(client: ControlClient) -> None:
+    """MySQL/MariaDB sources take a resnapshot as PostgreSQL ones do (capture_mysql/identity.py)."""
+    client.register_pipeline("shop", source_id="shop-my", source_type="mysql",
+                             sinks=[("r1", "redis", True)])
+    with pytest.raises(ControlRefused, match="pause it first"):
+        client.resnapshot("shop", "shop-my")
+    client.pause("shop")
+    state = client.resnapshot("shop", "shop-my")
+    assert state.resnapshot_requested and state.source_id == "shop-my"
+    assert state.resnapshot_reason == "accepted by an operator (tailrace resnapshot)"
+
+
 def test_a_table_a_resnapshot_left_uncleared_keeps_its_reset(client: ControlClient) -> None:
     """A resnapshot's table that failed before its first chunk (its TRUNCATE not on the bus)
     is requested again: the new request still clears the sinks first, and a filtered one

@@ -302,14 +302,14 @@ def test_snapshot_settings_are_checked_and_what_is_not_built_is_refused():
             "tables: [public.orders, shop.order_%]}", f"tables: [shop.orders], snapshot: {snapshot}}}")
 
     env = {"PG_DSN": "mysql://u@h:3306/shop"}
-    for mode in ("initial", "initial_only"):
+    for mode in ("initial", "initial_only", "when_needed"):
         spec = parse_pipeline(mysql(f"{{mode: {mode}, signal_table: ops.cdc_signal}}"), env=env)
         assert spec.spec.source.snapshot.mode == mode
         assert spec.spec.source.snapshot.signal_table == "ops.cdc_signal"
         assert spec.spec.source.snapshot.parallelism == 2
     assert parse_pipeline(mysql("{mode: initial}"), env=env).spec.source.snapshot.signal_table \
         is None  # the default, tailrace.snapshot_signal (capture_mysql/signal_table.py)
-    for bad, match in [("{mode: when_needed}", r"snapshot\.mode"),
+    for bad, match in [("{mode: sometimes}", r"snapshot\.mode"),
                        ("{parallelism: 0}", r"snapshot\.parallelism"),
                        ("{key_columns: {shop.orders: [id]}}", r"snapshot\.key_columns"),
                        ("{signal_table: nodot}", r"snapshot\.signal_table")]:

@@ -5,18 +5,27 @@ from __future__ import annotations
 import pytest
 
 from tailrace.errors import PositionLostError
+from tailrace.proto.control_pb2 import Checkpoint, ServerIdentity
+from tailrace_services.capture.resume import ResumePoint
 from tailrace_services.capture_mysql.connection import ServerFacts
 from tailrace_services.capture_mysql.gtid import (
     MariadbBinlogState,
     MariadbGtidPosition,
     MysqlGtidSet,
 )
+from tailrace_services.capture_mysql.identity import (
+    accepted_of,
+    describe_change,
+    identity_fingerprint,
+)
 from tailrace_services.capture_mysql.position import (
+    Accepted,
     CapturePosition,
     CheckpointProof,
     Sameness,
     check_reachable,
     loss_reason,
+    resume_from,
 )
 from tailrace_services.capture_mysql.reader import BinlogHeader
 
@@ -181,3 +190,43 @@ def test_check_reachable_raises_the_exact_text() -> None:
         check_reachable(cp("0-1-50"), maria("0-1-30"), None, SAME)
     assert str(info.value).startswith("position lost: the server's binlog ends at 0-1-30")
     assert str(info.value).endswith(". Re-snapshot required.")
+
+
+# -- a server accepted as it is now (`tailrace resnapshot`, snapshot.mode when_needed) ------
+
+def _checkpoint(position: CapturePosition) -> Checkpoint:
+    return Checkpoint(source_id="s", sink_id="k", position=position.to_proto())
+
+
+def test_after_an_accept_the_lost_history_is_set_aside_and_numbering_goes_on_above_it() -> None:
+    facts = ServerFacts(flavor="mariadb", version="10.11", server_id=1, binlogs=["b.1"],
+                        gtid_binlog_pos=MariadbGtidPosition.parse("0-1-900"))
+    old = CapturePosition("mariadb", gtid_set="0-1-30", gtid="0-1-30", tx_seq=22)
+    accepted = Accepted(tx_seq=25, gtid_set="0-1-800")  # 23..25: cut short on the bus
+    # nothing of the new history yet: its start, numbered after everything published
+    checkpoint, start = resume_from(ResumePoint(_checkpoint(old), None, old.to_proto()), facts,
+                                    accepted=accepted)
+    assert checkpoint is None
+    assert (start.gtid_set, start.tx_seq) == ("0-1-800", 25)
+    # published in the new history, the sinks still in the old: from what was published
+    new = CapturePosition("mariadb", gtid_set="0-1-850", gtid="0-1-850", tx_seq=70)
+    checkpoint, start = resume_from(ResumePoint(_checkpoint(old), None, new.to_proto()), facts,
+                                    accepted=accepted)
+    assert checkpoint is None and (start.gtid_set, start.tx_seq) == ("0-1-850", 70)
+    # the sinks checkpointed in the new history: the rule as always
+    mid = CapturePosition("mariadb", gtid_set="0-1-820", gtid="0-1-820", tx_seq=40)
+    checkpoint, start = resume_from(ResumePoint(_checkpoint(mid), None, new.to_proto()), facts,
+                                    accepted=accepted)
+    assert checkpoint is not None and checkpoint.tx_seq == 40 and start.tx_seq == 70
+
+
+def test_the_accepted_boundary_is_kept_in_the_identity_but_not_in_its_fingerprint() -> None:
+    attributes = {"server_id": "1", "gtid_domains": "0", "datadir_created": "1700000000"}
+    with_boundary = {**attributes, "accepted_tx_seq": "25", "accepted_gtid_set": "0-1-800"}
+    assert identity_fingerprint("mariadb", attributes) == \
+        identity_fingerprint("mariadb", with_boundary)
+    stored = ServerIdentity(flavor="mariadb", attributes=with_boundary)
+    assert accepted_of(stored) == Accepted(25, "0-1-800")
+    assert accepted_of(ServerIdentity(flavor="mariadb", attributes=attributes)) is None
+    assert accepted_of(None) is None
+    assert "accepted" not in describe_change(stored, attributes)

@@ -229,10 +229,6 @@ class MysqlSourceSpec(_SourceBase):
 
     @model_validator(mode="after")
     def _snapshot_supported(self) -> MysqlSourceSpec:
-        if self.snapshot.mode == "when_needed":
-            raise ValueError("snapshot.mode 'when_needed' is not available for mysql sources "
-                             "yet (a lost position is recovered on PostgreSQL only); use "
-                             "initial")
         if self.snapshot.key_columns:
             raise ValueError("snapshot.key_columns is not available for mysql sources yet "
                              "(PostgreSQL only)")
