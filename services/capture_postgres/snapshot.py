@@ -14,7 +14,7 @@ A chunk, on its own connection:
    removes the keys of those it saw before the watermark. One it did not see while it
    recorded the table and that has committed by now (`pg_xact_status`) may be such a
    transaction too: the chunk is read again;
-4. after COMMIT, the high watermark.
+4. after COMMIT, the high watermark, flushed at once (`write_high`).
 
 Why this order: a transaction whose commit is in the WAL before the low watermark was
 assigned its xid before the snapshot, so the snapshot either sees it or lists it as
@@ -57,8 +57,9 @@ from tailrace_services.capture_postgres.values import encoder_for
 __all__ = ["PostgresChunks"]
 
 _FIRST_USER_OID = 16384
-COUNT_BELOW_BYTES = 256 * 1024 * 1024
-COMMIT_WAIT_S = 5.0  # an unanalyzed table's rows are counted up to this size
+COUNT_BELOW_BYTES = 256 * 1024 * 1024  # an unanalyzed table's rows are counted up to this size
+COMMIT_WAIT_S = 5.0
+FLUSH_PREFIX = "tailrace-flush"
 
 _COLUMNS = """
 SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid::int, a.atttypmod,
@@ -283,8 +284,16 @@ class PostgresChunks:
         return committed
 
     def write_high(self, token: str) -> None:
-        self._connection().execute("SELECT pg_logical_emit_message(false, %s, %s)",
-                                   (WATERMARK_PREFIX, watermark_content(token, high=True)))
+        conn = self._connection()
+        conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                     (WATERMARK_PREFIX, watermark_content(token, high=True)))
+        # A non-transactional message waits in the WAL buffers for the WAL writer (up to
+        # wal_writer_delay, 200 ms) before the walsender sends it; PostgreSQL 17 has a
+        # `flush` argument, before it a transaction that wrote WAL flushes at commit.
+        # The stream ignores transactional messages (only the `tailrace` non-transactional
+        # ones are watermarks), and the empty transaction with them.
+        with conn.transaction():
+            conn.execute("SELECT pg_logical_emit_message(true, %s, '')", (FLUSH_PREFIX,))
 
     def close(self) -> None:
         if self._conn is not None:

@@ -36,6 +36,9 @@ IDLE_POLL_S = 1.0
 SCAN_TIMEOUT_S = 60.0
 RETRY_S = 2.0
 FAILURES_BEFORE_FAILED = 3
+# chunks published but not yet in a recorded epoch: reading goes on meanwhile (an epoch
+# every `epoch_ms` would otherwise pause it); a restart scans the bus for them
+PENDING_CHUNKS = 4
 _READ = Op.OP_SNAPSHOT_READ
 
 
@@ -394,7 +397,11 @@ class SnapshotWorker:
                                     exclude, entry.reset and number == 0)
                 if chunk is None:
                     continue  # discarded: read it again
-                number, exclude = number + 1, set()
+                number += 1
+                if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
+                    exclude = set()
+                # else `exclude` stays: rows inserted since may end this chunk before the
+                # keys found on the bus do
                 cursor = chunk.cursor if chunk.cursor is not None else cursor
                 if chunk.published_rows:
                     pending.append(pb.SnapshotChunk(
@@ -411,9 +418,9 @@ class SnapshotWorker:
                     if chunk.last:
                         return
                     continue
-                # the next chunk is read while this one travels; at most two on their way
-                self._settle(table, request_id, pending, 1 if not chunk.last else 0,
-                             progress)
+                # the next chunks are read while this one travels
+                self._settle(table, request_id, pending,
+                             PENDING_CHUNKS if not chunk.last else 0, progress)
                 if chunk.last and not pending:
                     return
         finally:
