@@ -61,6 +61,7 @@ from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, RetryableError
 from tailrace.events import ChangeEvent, Op
 from tailrace.events._codec import bus_key_of
+from tailrace.events._wire import row_bytes
 from tailrace.logs import get_logger
 from tailrace_services.capture.snapshot import ChunkRows, Key, ReadRow, TablePlan
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
@@ -328,14 +329,15 @@ class MysqlChunks:
         rows: dict[Key, ReadRow] = {}
         last: tuple[Any, ...] | None = None
         count = 0
-        names = [n for n, _ in table.forms]
+        names = [n for n, _ in table.forms]  # the shape's columns, as the decoder's
         key_index = [names.index(k) for k in table.chunk_key]
         forms = [(i, f) for i, (_, f) in enumerate(table.forms) if f is not None]
-        decode = table.decoder.row
+        encode, prefixes = table.decoder.values, table.decoder.prefixes
         # the merger's key (`key_of`): the serialized values of the chunk key's columns;
         # `bus_key`: those of the event's key columns, in column order
         at = [names.index(k) for k in plan.key_columns]
         bus_at = sorted(names.index(k) for k in table.shape.key_columns)
+        head = bus_key_of(table.database, "", table.name, [])
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             for raw in cur.fetchall_unbuffered():
@@ -346,11 +348,10 @@ class MysqlChunks:
                 for i, form in forms:
                     if values[i] is not None:
                         values[i] = form(values[i])
-                image = decode(dict(zip(names, values, strict=True)))
-                serialized = [c.value.SerializeToString() for c in image.columns]
+                serialized = encode(values)
                 rows[tuple([serialized[i] for i in at])] = (
-                    bus_key_of(table.database, "", table.name, [serialized[i] for i in bus_at]),
-                    image.SerializeToString())
+                    b"\x00".join([head, *[serialized[i] for i in bus_at]]),
+                    row_bytes(prefixes, serialized))
                 last = raw
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
         return template, rows, cursor, count > limit

@@ -41,6 +41,7 @@ from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.events import Column, Row, value_of
 from tailrace.events._values import Json
+from tailrace.events._wire import NULL, column_prefix, value_bytes
 
 __all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
 
@@ -178,6 +179,16 @@ class RowDecoder:
         self.shape = shape
         self._columns = [(c.name, c.type, converter_for(c), c.field_type == FIELD_TYPE.SET)
                          for c in shape.columns]
+        self._converters = [convert for _, _, convert, _ in self._columns]
+        self.prefixes = [column_prefix(name, type_name) for name, type_name, _, _
+                         in self._columns]
+        """Per column, its `Column` fields but the value (`_wire.row_bytes`)."""
+
+    def values(self, values: Sequence[Any]) -> list[bytes]:
+        """A row's serialized `Value`s, given and returned in column order: what `row`
+        holds, without building it (a snapshot reads many rows)."""
+        return [NULL if v is None else value_bytes(convert(v))
+                for convert, v in zip(self._converters, values, strict=True)]
 
     def row(self, values: dict[str, Any] | None, none_sources: dict[str, str] | None = None,
             only: set[str] | None = None) -> Row:

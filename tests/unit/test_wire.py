@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import uuid
+from decimal import Decimal
+from typing import Any
 
 import pytest
 
-from tailrace.events import Column, Row, value_of
+from tailrace.events import UNCHANGED_TOAST, Column, Row, value_of
+from tailrace.events._values import Json
 from tailrace.events._wire import (
     column_prefix,
     row_bytes,
     value_bool,
+    value_bytes,
     value_float,
     value_int,
     value_string,
@@ -96,3 +101,18 @@ def test_rows_as_upb_builds_them() -> None:
     encoded = row_bytes([column_prefix(n, t) for n, t in names],
                         [value_of(v).SerializeToString() for v in values])
     assert encoded == expected.SerializeToString()
+
+
+PYTHON_VALUES: list[Any] = [
+    None, UNCHANGED_TOAST, True, False, 0, -5, 2**63, 1.25, "", "text", Json('{"a": 1}'),
+    Decimal("1E-7"), Decimal("-0.00"), Decimal("NaN"), uuid.UUID(int=7), b"", b"\x00\xff",
+    bytearray(b"ab"), dt.datetime(2001, 2, 3, 4, 5, 6, 7), dt.date(1970, 1, 1),
+    dt.date(1, 1, 1), dt.date(9999, 12, 31), dt.time(0, 0), dt.time(23, 59, 59, 999999),
+    dt.timedelta(hours=-838), dt.timedelta(hours=838, seconds=59), [1, None, "a"],
+    {"k": [1, 2]},
+]
+
+
+def test_python_values_as_value_of_serializes_them() -> None:
+    for obj in PYTHON_VALUES:
+        assert value_bytes(obj) == value_of(obj).SerializeToString(), repr(obj)

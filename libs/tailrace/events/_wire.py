@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from tailrace.events._values import Json, value_of
 
 __all__ = [
     "NULL",
@@ -23,6 +28,7 @@ __all__ = [
     "length_prefixed",
     "row_bytes",
     "value_bool",
+    "value_bytes",
     "value_bytes_field",
     "value_float",
     "value_int",
@@ -109,6 +115,42 @@ def value_timestamp(moment: dt.datetime) -> bytes:
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     inner = (b"\x08" + varint(micros) if micros else b"") + (b"\x10\x01" if aware else b"")
     return b"\x5a" + _SMALL[len(inner)] + inner
+
+
+def _value_date(day: dt.date) -> bytes:
+    return b"\x60" + varint((day - _EPOCH_DATE).days)
+
+
+def _value_time(moment: dt.time) -> bytes:
+    return b"\x68" + varint(((moment.hour * 60 + moment.minute) * 60 + moment.second)
+                            * 1_000_000 + moment.microsecond)
+
+
+def _value_timedelta(delta: dt.timedelta) -> bytes:
+    return b"\x68" + varint((delta.days * 86_400 + delta.seconds) * 1_000_000
+                            + delta.microseconds)
+
+
+_EPOCH_DATE = dt.date(1970, 1, 1)
+_BY_TYPE: dict[type, Callable[[Any], bytes]] = {
+    int: value_int, bool: value_bool, float: value_float,
+    str: lambda text: value_string(8, text), Json: lambda text: value_string(10, str(text)),
+    Decimal: lambda number: value_string(7, str(number)),
+    uuid.UUID: lambda u: value_string(15, str(u)),
+    bytes: value_bytes_field, dt.datetime: value_timestamp, dt.date: _value_date,
+    dt.time: _value_time, dt.timedelta: _value_timedelta,
+}
+
+
+def value_bytes(obj: Any) -> bytes:
+    """`value_of(obj).SerializeToString()`, directly for the common types (by exact type:
+    a subclass takes `value_of`'s own path)."""
+    if obj is None:
+        return NULL
+    encode = _BY_TYPE.get(type(obj))
+    if encode is not None:
+        return encode(obj)
+    return value_of(obj).SerializeToString()
 
 
 # -- Rows ----------------------------------------------------------------------------------
