@@ -1,4 +1,5 @@
-"""Binlog row values -> typed `Value`s, exactly (`tailrace.events.value_of` does the wrapping).
+"""Binlog row values -> typed `Value`s, exactly (serialized by `_wire.value_bytes`, as
+`tailrace.events.value_of` would wrap them).
 
 What `mysql-replication` hands us, and what we make of it:
 
@@ -39,9 +40,9 @@ from typing import Any, Protocol
 
 from pymysqlreplication.constants import FIELD_TYPE
 
-from tailrace.events import Column, Row, value_of
+from tailrace.events import Row
 from tailrace.events._values import Json
-from tailrace.events._wire import NULL, column_prefix, value_bytes
+from tailrace.events._wire import NULL, column_prefix, row_bytes, value_bytes
 
 __all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
 
@@ -192,11 +193,14 @@ class RowDecoder:
 
     def row(self, values: dict[str, Any] | None, none_sources: dict[str, str] | None = None,
             only: set[str] | None = None) -> Row:
+        """The row as a message, encoded by hand and parsed in one call (`_wire`)."""
         if values is None:
             return Row()
         none_sources = none_sources or {}
-        cols = []
-        for name, type_name, convert, is_set in self._columns:
+        prefixes: list[bytes] = []
+        encoded: list[bytes] = []
+        for (name, _, convert, is_set), prefix in zip(self._columns, self.prefixes,
+                                                      strict=True):
             if only is not None and name not in only:
                 continue
             v = values.get(name)
@@ -204,8 +208,9 @@ class RowDecoder:
                 value = "" if is_set and none_sources.get(name) == _EMPTY_SET else None
             else:
                 value = convert(v)
-            cols.append(Column(name=name, type=type_name, value=value_of(value)))
-        return Row(columns=cols)
+            prefixes.append(prefix)
+            encoded.append(value_bytes(value))
+        return Row.FromString(row_bytes(prefixes, encoded))
 
 
 def make_row(shape: TableShape, values: dict[str, Any] | None,

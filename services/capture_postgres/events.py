@@ -44,9 +44,9 @@ from tailrace.events import (
     PostgresPosition,
     Row,
     idempotency_key,
-    value_of,
 )
 from tailrace.events import event_id as make_event_id
+from tailrace.events._wire import row_bytes, value_bytes
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
@@ -95,11 +95,14 @@ def make_row(relation: Relation, values: list[Any] | None, only: set[str] | None
 
 def fill_row(row: Row, relation: Relation, values: list[Any], only: set[str] | None = None
              ) -> None:
-    """Append the columns (all, or those named in `only`) to `row` in place."""
-    add = row.columns.add
-    for col, type_name, value in zip(relation.columns, relation.type_names, values, strict=True):
-        if only is None or col.name in only:
-            add(name=col.name, type=type_name, value=value_of(value))
+    """Append the columns (all, or those named in `only`) to `row` in place: encoded by
+    hand and parsed in one call, cheaper than a message per column (`_wire`)."""
+    if only is None:
+        row.MergeFromString(row_bytes(relation.prefixes, [value_bytes(v) for v in values]))
+        return
+    kept = [(prefix, value) for col, prefix, value
+            in zip(relation.columns, relation.prefixes, values, strict=True) if col.name in only]
+    row.MergeFromString(row_bytes([p for p, _ in kept], [value_bytes(v) for _, v in kept]))
 
 
 class EventFactory:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailrace.events import UNCHANGED_TOAST
+from tailrace.events._wire import column_prefix
 from tailrace_services.capture_postgres.values import ARRAY_ELEMENTS, Converter, converter_for
 
 __all__ = [
@@ -115,6 +116,8 @@ class Relation:
     converters: tuple[Converter, ...] = field(init=False, repr=False, compare=False)
     type_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     """Readable SQL type of each column, as `format_type` prints it (no round-trip)."""
+    prefixes: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    """Each column's `Column` fields but its value, serialized (`_wire.row_bytes`)."""
 
     def __post_init__(self) -> None:
         converters = tuple(
@@ -123,6 +126,8 @@ class Relation:
         object.__setattr__(self, "converters", converters)
         names = tuple(format_type(c.type_oid, c.type_modifier, self.types) for c in self.columns)
         object.__setattr__(self, "type_names", names)
+        object.__setattr__(self, "prefixes", tuple(
+            column_prefix(c.name, name) for c, name in zip(self.columns, names, strict=True)))
 
     def type_name(self, index: int) -> str:
         """Readable SQL type of column `index`, as `format_type` prints it (no round-trip)."""
