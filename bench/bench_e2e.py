@@ -1,0 +1,302 @@
+"""End to end: a row's commit on the client to its arrival in the sink, at paced rates.
+
+    .venv/bin/python bench/bench_e2e.py [--source postgres|mariadb] [--sink redis|kafka]
+                                        [--rates 1000,2500,5000] [--seconds 60]
+                                        [--bulk 200000]
+
+Starts a throwaway source server, a Kafka-protocol broker, Redis, and the pipeline as
+`tailrace up` runs it (control, capture, Spark delivery: three processes), then:
+
+1. per rate: a separate writer process inserts rows in transactions of 10, paced to the
+   rate for `--seconds`, and reports each transaction's commit time (taken on the
+   client, right after COMMIT returned); a reader in this process takes each row's
+   arrival in the sink (Redis stream entries; or the Kafka sink's topic, exactly-once,
+   read committed) and the difference is the row's latency;
+2. bulk: `--bulk` rows committed in one transaction; events/s from that commit to the
+   last row's arrival.
+
+Prints one table (rate, rows, p50, p90, p99, max, missing) and the bulk rate. A rate
+whose rows have not all arrived 60 s after the writer stopped counts the rest as
+missing. Figures, not assertions: they depend on the machine and its load (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import pymysql  # noqa: E402
+import redis  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
+
+from tailrace.config import load_pipeline  # noqa: E402
+from tailrace.devservers import (  # noqa: E402
+    KafkaBroker,
+    MariaDBServer,
+    PostgresServer,
+    RedisServer,
+    free_port,  # noqa: E402
+)
+from tailrace_services.cli.supervisor import Supervisor  # noqa: E402
+from tailrace_services.cli.up import HttpPorts, start_pipeline  # noqa: E402
+
+TX_ROWS = 10
+DRAIN_S = 60.0
+
+SPEC = """\
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {{name: e2e, tenant: bench}}
+spec:
+  source:
+    type: {source}
+    id: e2e-src
+    dsn: "{dsn}"
+    tables: [{table}]
+  sinks: [{sink}]
+  bus: {{brokers: "{brokers}"}}
+  control: {{address: "127.0.0.1:{control_port}"}}
+"""
+REDIS_SINK = '{{id: out, type: redis, url: "{url}", stream: "e2e"}}'
+KAFKA_SINK = '{{id: out, type: kafka, brokers: "{brokers}", topic: "e2e", exactly_once: true}}'
+
+
+# -- the writer (a separate process) -------------------------------------------------------
+
+def _connect(source: str, dsn: str) -> Any:
+    if source == "postgres":
+        return psycopg.connect(dsn, autocommit=False)
+    host, port, user, password, db = json.loads(dsn)
+    return pymysql.connect(host=host, port=port, user=user, password=password, database=db,
+                           autocommit=False)
+
+
+def write_paced(source: str, dsn: str, first_id: int, rate: int, seconds: float,
+                out: Any) -> None:
+    """Transactions of TX_ROWS inserts at `rate` rows/s; (first id, rows, commit time) of
+    each goes to `out`."""
+    conn = _connect(source, dsn)
+    started = time.monotonic()
+    total = int(rate * seconds)
+    sent: list[tuple[int, int, float]] = []
+    next_id = first_id
+    placeholders = ", ".join(["(%s, %s)"] * TX_ROWS)
+    with conn.cursor() as cur:
+        for tx in range(total // TX_ROWS):
+            ids = range(next_id, next_id + TX_ROWS)
+            cur.execute(f"INSERT INTO items (id, payload) VALUES {placeholders}",  # noqa: S608
+                        [v for i in ids for v in (i, f"row {i} " + "x" * 40)])
+            conn.commit()
+            sent.append((next_id, TX_ROWS, time.time()))
+            next_id += TX_ROWS
+            if len(sent) >= 50:
+                out.put(sent)
+                sent = []
+            ahead = (tx + 1) * TX_ROWS / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+    out.put(sent)
+    out.put(None)
+    conn.close()
+
+
+# -- the reader (this process) -------------------------------------------------------------
+
+class Arrivals(threading.Thread):
+    """Each row's arrival time in the sink, by id."""
+
+    def __init__(self, sink: str, url: str) -> None:
+        super().__init__(daemon=True)
+        self.sink, self.url = sink, url
+        self.at: dict[int, float] = {}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        if self.sink == "redis":
+            self._redis()
+        else:
+            self._kafka()
+
+    def _note(self, key: bytes | str) -> None:
+        pk = json.loads(key)["pk"]
+        self.at.setdefault(int(pk["id"]), time.time())
+
+    def _redis(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        last = "0-0"
+        while not self.stopped.is_set():
+            found = client.xread({"e2e": last}, count=10_000, block=200)
+            for _, entries in found or []:
+                for entry_id, fields in entries:
+                    self._note(fields[b"key"])
+                    last = entry_id
+
+    def _kafka(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.url, "group.id": "bench-e2e",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                             "isolation.level": "read_committed"})
+        consumer.subscribe(["e2e"])
+        while not self.stopped.is_set():
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is None and message.key() is not None:
+                    self._note(message.key())
+        consumer.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def paced_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, rate: int,
+                first_id: int) -> tuple[list[float], int, int]:
+    """(latencies in ms, rows written, rows missing) of one rate."""
+    queue: Any = mp.get_context("fork").Queue()
+    writer = mp.get_context("fork").Process(
+        target=write_paced, args=(args.source, dsn, first_id, rate, args.seconds, queue))
+    writer.start()
+    committed: dict[int, float] = {}
+    while True:
+        batch = queue.get()
+        if batch is None:
+            break
+        for start, count, at in batch:
+            for i in range(start, start + count):
+                committed[i] = at
+    writer.join()
+    deadline = time.monotonic() + DRAIN_S
+    while time.monotonic() < deadline and any(i not in arrivals.at for i in committed):
+        time.sleep(0.2)
+    latencies = [(arrivals.at[i] - t) * 1000 for i, t in committed.items() if i in arrivals.at]
+    return latencies, len(committed), len(committed) - len(latencies)
+
+
+def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int
+               ) -> tuple[float, int]:
+    """(events/s from the commit to the last arrival, rows missing)."""
+    ids = range(first_id, first_id + args.bulk)
+    conn = _connect(args.source, dsn)
+    with conn.cursor() as cur:
+        if args.source == "postgres":
+            cur.execute("INSERT INTO items SELECT g, 'bulk ' || g FROM generate_series(%s::bigint, %s::bigint) g",
+                        (ids[0], ids[-1]))
+        else:
+            cur.execute(f"INSERT INTO items SELECT seq, CONCAT('bulk ', seq) "  # noqa: S608
+                        f"FROM seq_{ids[0]}_to_{ids[-1]}")
+    conn.commit()
+    committed = time.time()
+    conn.close()
+    deadline = time.monotonic() + DRAIN_S + args.bulk / 5_000
+    while time.monotonic() < deadline and any(i not in arrivals.at for i in ids):
+        time.sleep(0.2)
+    arrived = [arrivals.at[i] for i in ids if i in arrivals.at]
+    took = max(arrived) - committed if arrived else float("nan")
+    return len(arrived) / took if arrived else 0.0, args.bulk - len(arrived)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
+    parser.add_argument("--sink", choices=("redis", "kafka"), default="redis")
+    parser.add_argument("--rates", default="1000,2500,5000",
+                        help="rows per second, comma-separated (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
+    with source_server as source, KafkaBroker() as kafka, RedisServer() as red:
+        if isinstance(source, PostgresServer):
+            source.execute("CREATE TABLE items (id bigint PRIMARY KEY, payload text)")
+            dsn, table = source.dsn(), "public.items"
+            spec_dsn = dsn
+        else:
+            source.execute("CREATE DATABASE bench")
+            source.execute("CREATE TABLE bench.items (id bigint PRIMARY KEY, payload text)")
+            spec_dsn, table = source.dsn("bench"), "bench.items"
+            dsn = json.dumps([source.host, source.port, "root", "", "bench"])
+        sink = REDIS_SINK.format(url=red.url) if args.sink == "redis" else \
+            KAFKA_SINK.format(brokers=kafka.bootstrap)
+        spec_path = work / "e2e.yaml"
+        spec_path.write_text(SPEC.format(source=args.source, dsn=spec_dsn, table=table,
+                                         sink=sink, brokers=kafka.bootstrap,
+                                         control_port=free_port()))
+        sup = Supervisor({"TAILRACE_LOG_FORMAT": "json", "TAILRACE_LOG_LEVEL": "info"})
+        ports = HttpPorts.from_base(0)
+        start_pipeline(sup, spec_path, load_pipeline(spec_path), work, work, ports)
+        arrivals = Arrivals(args.sink, red.url if args.sink == "redis" else kafka.bootstrap)
+        arrivals.start()
+        try:
+            warm = _warm_up(args, dsn, arrivals, sup)
+            print(f"pipeline up; first row arrived after {warm:.1f} s (Spark start-up); "
+                  f"logs in {work}", flush=True)
+            rows: list[tuple[str, int, list[float], int]] = []
+            first_id = 1_000
+            for rate in [int(r) for r in args.rates.split(",") if r]:
+                latencies, written, missing = paced_phase(args, dsn, arrivals, rate, first_id)
+                first_id += written + 1_000
+                rows.append((f"{rate:,} rows/s", written, latencies, missing))
+                print(_line(*rows[-1]), flush=True)
+            bulk = bulk_phase(args, dsn, arrivals, first_id) if args.bulk else None
+        finally:
+            arrivals.stopped.set()
+            sup.stop()
+        print(f"\n{args.source} -> {args.sink}"
+              f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
+              f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"{'rate':>16} {'rows':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
+              f"{'max ms':>8} {'missing':>8}")
+        for row in rows:
+            print(_line(*row))
+        if bulk is not None:
+            print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
+                  f"end to end, {bulk[1]} missing")
+
+
+def _warm_up(args: argparse.Namespace, dsn: str, arrivals: Arrivals, sup: Supervisor
+             ) -> float:
+    """Write one row until it arrives: capture streams and Spark runs."""
+    started = time.monotonic()
+    conn = _connect(args.source, dsn)
+    next_id = 1
+    while time.monotonic() - started < 300:
+        dead = sup.failed()
+        if dead is not None:
+            raise SystemExit(f"{dead.name} exited: see {dead.log_path}")
+        if not any(i in arrivals.at for i in range(1, next_id)):
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO items VALUES (%s, 'warm')", (next_id,))
+            conn.commit()
+            next_id += 1
+            time.sleep(1.0)
+        else:
+            conn.close()
+            return time.monotonic() - started
+    raise SystemExit("no row arrived in 300 s")
+
+
+def _line(name: str, written: int, latencies: list[float], missing: int) -> str:
+    if not latencies:
+        return f"{name:>16} {written:>8,} {'-':>8} {'-':>8} {'-':>8} {'-':>8} {missing:>8,}"
+    return (f"{name:>16} {written:>8,} {statistics.median(latencies):>8.0f} "
+            f"{percentile(latencies, 0.9):>8.0f} {percentile(latencies, 0.99):>8.0f} "
+            f"{max(latencies):>8.0f} {missing:>8,}")
+
+
+if __name__ == "__main__":
+    main()
