@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fix_delivery
 
 import redis
 
@@ -83,9 +87,8 @@ def main() -> None:
         plain = spec_for("plain", broker.bootstrap, topic, red.url, address, args.batch)
         sink = build_sink(plain.spec.sinks[0], pipeline="plain")
         t0 = time.perf_counter()
-        records = [(o, v) for b in read_bus_range(broker.bootstrap, topic, 0, 0, end)
-                   for o, v in zip(b.column("offset").to_pylist(), b.column("value").to_pylist(),
-                                   strict=True)]
+        records = [(o, v) for offsets, values in read_bus_range(broker.bootstrap, topic, 0, 0, end)
+                   for o, v in zip(offsets, values, strict=True)]
         read_s = time.perf_counter() - t0
         result = deliver_slice(0, records, [sink], {"r": None}, pipeline="plain",
                                source_id="syn", batch=plain.spec.batch,

@@ -69,7 +69,7 @@ spec:
   sinks: [{sink}]
   bus: {{brokers: "{brokers}"}}
   control: {{address: "127.0.0.1:{control_port}"}}
-"""
+{batch}"""
 REDIS_SINK = '{{id: out, type: redis, url: "{url}", stream: "e2e"}}'
 KAFKA_SINK = '{{id: out, type: kafka, brokers: "{brokers}", topic: "e2e", exactly_once: true}}'
 
@@ -156,6 +156,60 @@ class Arrivals(threading.Thread):
         consumer.close()
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root: int, apart: frozenset[int] = frozenset()) -> float:
+    """CPU time (user + system) of `root` and every process below it (Spark's JVM and
+    workers under delivery, PostgreSQL's backends under the postmaster), but not below
+    the processes `apart` (measured on their own)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
+        if int(entry.name) == os.getpid():  # and its children that ended (the writer)
+            times[os.getpid()] += (int(fields[13]) + int(fields[14])) / _TICK
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items()
+                    if parent == pid and child not in apart)
+    return total
+
+
+class CpuMeter:
+    """CPU seconds each named process tree used between `start` and `report`."""
+
+    def __init__(self, roots: dict[str, int | None]) -> None:
+        self.roots = {name: pid for name, pid in roots.items() if pid is not None}
+        self.before: dict[str, float] = {}
+        self.wall = 0.0
+
+    def _now(self) -> dict[str, float]:
+        apart = frozenset(self.roots.values())
+        return {name: cpu_seconds(pid, apart) for name, pid in self.roots.items()}
+
+    def start(self) -> None:
+        self.before = self._now()
+        self.wall = time.monotonic()
+
+    def report(self) -> str:
+        wall = time.monotonic() - self.wall
+        now = self._now()
+        used = {name: now[name] - self.before[name] for name in self.roots}
+        parts = [f"{name} {seconds / wall:.0%}" for name, seconds in
+                 sorted(used.items(), key=lambda item: -item[1])]
+        return f"  CPU over {wall:.0f} s (share of one core): " + ", ".join(parts)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -191,8 +245,8 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
     conn = _connect(args.source, dsn)
     with conn.cursor() as cur:
         if args.source == "postgres":
-            cur.execute("INSERT INTO items SELECT g, 'bulk ' || g FROM generate_series(%s::bigint, %s::bigint) g",
-                        (ids[0], ids[-1]))
+            cur.execute("INSERT INTO items SELECT g, 'bulk ' || g "
+                        "FROM generate_series(%s::bigint, %s::bigint) g", (ids[0], ids[-1]))
         else:
             cur.execute(f"INSERT INTO items SELECT seq, CONCAT('bulk ', seq) "  # noqa: S608
                         f"FROM seq_{ids[0]}_to_{ids[-1]}")
@@ -216,6 +270,8 @@ def main() -> None:
                         help="rows per second, comma-separated (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
+    parser.add_argument("--max-events", type=int, default=0,
+                        help="spec.batch.max_events (default: the spec's default)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
@@ -234,7 +290,9 @@ def main() -> None:
         spec_path = work / "e2e.yaml"
         spec_path.write_text(SPEC.format(source=args.source, dsn=spec_dsn, table=table,
                                          sink=sink, brokers=kafka.bootstrap,
-                                         control_port=free_port()))
+                                         control_port=free_port(),
+                                         batch=f"  batch: {{max_events: {args.max_events}}}\n"
+                                         if args.max_events else ""))
         sup = Supervisor({"TAILRACE_LOG_FORMAT": "json", "TAILRACE_LOG_LEVEL": "info"})
         ports = HttpPorts.from_base(0)
         start_pipeline(sup, spec_path, load_pipeline(spec_path), work, work, ports)
@@ -244,14 +302,23 @@ def main() -> None:
             warm = _warm_up(args, dsn, arrivals, sup)
             print(f"pipeline up; first row arrived after {warm:.1f} s (Spark start-up); "
                   f"logs in {work}", flush=True)
+            meter = CpuMeter({**{c.name: c.process.pid if c.process else None
+                                 for c in sup.children},
+                              "source server": source.pid, "broker": kafka.pid,
+                              "redis": red.pid, "bench (writer, reader)": os.getpid()})
             rows: list[tuple[str, int, list[float], int]] = []
             first_id = 1_000
             for rate in [int(r) for r in args.rates.split(",") if r]:
+                meter.start()
                 latencies, written, missing = paced_phase(args, dsn, arrivals, rate, first_id)
                 first_id += written + 1_000
                 rows.append((f"{rate:,} rows/s", written, latencies, missing))
                 print(_line(*rows[-1]), flush=True)
+                print(meter.report(), flush=True)
+            meter.start()
             bulk = bulk_phase(args, dsn, arrivals, first_id) if args.bulk else None
+            if bulk is not None:
+                print(meter.report(), flush=True)
         finally:
             arrivals.stopped.set()
             sup.stop()

@@ -14,6 +14,7 @@ from tailrace.proto.event_pb2 import Position
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
+from tailrace_services.delivery.source import read_bus_range
 
 RESULT_SCHEMA = ("partition int, end_offset long, epoch_position binary, events long, "
                  "outcomes string, dead_letters array<struct<sink_id:string,event:binary,"
@@ -80,16 +81,21 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
     setup_from_env("delivery")  # a Spark Python worker: log as the service does
     positions = {k: (Position.FromString(v) if v is not None else None)
                  for k, v in checkpoints.items()}
-    records: list[tuple[int, bytes]] = []
-    partition = -1
-    for batch in batches:
-        cols = batch.to_pydict()
-        if cols["partition"]:
-            partition = cols["partition"][0]
-        records.extend(zip(cols["offset"], cols["value"], strict=True))
-    if partition < 0:
-        return
+    ranges = [row for batch in batches for row in batch.to_pylist()]  # one per task
+    for row in ranges:
+        yield deliver_range(pipeline, positions, rewinds, row["partition"], row["start"],
+                            row["end"])
+
+
+def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
+                  rewinds: dict[str, int], partition: int, start: int, end: int
+                  ) -> pa.RecordBatch:
+    """Read the bus partition's offsets [start, end) here and deliver them."""
     spec = pipeline.spec
+    records: list[tuple[int, bytes]] = []
+    for offsets, values in read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition,
+                                          start, end, client_config=spec.bus.client_config):
+        records.extend(zip(offsets, values, strict=True))
     try:
         result = deliver_slice(partition, records, _sinks(pipeline), positions,
                                pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
@@ -102,7 +108,7 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
         close_sinks(pipeline.name)
     else:
         _close_transactional(pipeline)
-    yield pa.RecordBatch.from_pylist([{
+    return pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "end_offset": result.end_offset,
         "epoch_position": (result.epoch_position.SerializeToString()

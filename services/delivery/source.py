@@ -4,8 +4,12 @@
 long-lived planner process: they share nothing with the driver script and
 ask the control service. The start is the least advanced sink checkpoint;
 the end of each batch is the latest epoch, a cut that never splits a
-transaction. `read` runs in executor workers: one bus partition = one Spark
-partition = one task, read with a confluent-kafka consumer, yielded as Arrow.
+transaction. One bus partition = one Spark partition = one task; `read` yields
+the partition's range only (one row: partition, start, end), and the task that
+delivers it (`executor.deliver_batches`) reads the records itself with
+`read_bus_range`. The events never pass through the JVM: moving every record into it
+and out again to another Python worker cost more CPU than delivering them
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -15,19 +19,19 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 SCHEMA = StructType([
     StructField("partition", IntegerType(), False),
-    StructField("offset", LongType(), False),
-    StructField("value", BinaryType(), False),
+    StructField("start", LongType(), False),
+    StructField("end", LongType(), False),
 ])
-ARROW_SCHEMA = pa.schema([
+RANGE_SCHEMA = pa.schema([
     pa.field("partition", pa.int32(), False),
-    pa.field("offset", pa.int64(), False),
-    pa.field("value", pa.binary(), False),
+    pa.field("start", pa.int64(), False),
+    pa.field("end", pa.int64(), False),
 ])
-ARROW_CHUNK = 4096
+READ_CHUNK = 4096
 
 
 class BusPartition(InputPartition):
@@ -161,10 +165,11 @@ class BusStreamReader(DataSourceStreamReader):
                 if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The range only: the delivering task reads it (module docstring)."""
         assert isinstance(partition, BusPartition)
-        yield from read_bus_range(self.brokers, self.topic, partition.partition,
-                                  partition.start, partition.end,
-                                  client_config=self.bus_client_config)
+        yield pa.RecordBatch.from_pylist(
+            [{"partition": partition.partition, "start": partition.start,
+              "end": partition.end}], schema=RANGE_SCHEMA)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: sink checkpoints are committed by the job after the sinks acked."""
@@ -172,20 +177,12 @@ class BusStreamReader(DataSourceStreamReader):
 
 def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
                    timeout_s: float = 60.0, client_config: dict[str, str] | None = None
-                   ) -> Iterator[pa.RecordBatch]:
-    """Offsets [start, end) of one partition as Arrow batches, in offset order, read with
-    the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
+                   ) -> Iterator[tuple[list[int], list[bytes]]]:
+    """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
+    read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
     `bus.client_config` (SASL, TLS)."""
     from tailrace.bus import BusReader
 
     with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
                    client_config=client_config) as reader:
-        for offsets, values in reader.read_range(partition, start, end, timeout_s, ARROW_CHUNK):
-            yield _batch(partition, offsets, values)
-
-
-def _batch(partition: int, offsets: list[int], values: list[bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([partition] * len(offsets), pa.int32()), pa.array(offsets, pa.int64()),
-         pa.array(values, pa.binary())], schema=ARROW_SCHEMA)
-
+        yield from reader.read_range(partition, start, end, timeout_s, READ_CHUNK)

@@ -357,7 +357,7 @@ MIN_BATCH_MS = 100  # the shortest micro-batch interval delivery runs
 
 
 class BatchSpec(_Spec):
-    max_events: Annotated[int, Field(gt=0)] = 2000
+    max_events: Annotated[int, Field(gt=0)] = 20_000  # per micro-batch and per sink write
     max_bytes: Annotated[int, BeforeValidator(parse_size), Field(gt=0)] = 4 * 1024 * 1024
     max_ms: int = MIN_BATCH_MS  # the micro-batch interval
     respect_source_tx: bool = True
