@@ -293,6 +293,7 @@ class PostgresChunks:
         # The stream ignores transactional messages (only the `tailrace` non-transactional
         # ones are watermarks), and the empty transaction with them.
         with conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")  # whatever the role's default
             conn.execute("SELECT pg_logical_emit_message(true, %s, '')", (FLUSH_PREFIX,))
 
     def close(self) -> None:

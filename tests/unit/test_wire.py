@@ -60,6 +60,14 @@ def test_timestamp_values(moment: dt.datetime) -> None:
     assert value_timestamp(moment) == value_of(moment).SerializeToString()
 
 
+@pytest.mark.parametrize("n", [2**64, -(2**63) - 1])
+def test_ints_out_of_range_are_refused_as_upb_refuses_them(n: int) -> None:
+    with pytest.raises(ValueError):
+        value_of(n)
+    with pytest.raises(ValueError):
+        value_int(n)
+
+
 def test_varint_of_negative_is_twos_complement() -> None:
     assert len(varint(-1)) == 10
 

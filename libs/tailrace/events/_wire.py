@@ -78,9 +78,14 @@ def field_varint(tag: int, n: int) -> bytes:
 # -- Values: each returns the serialized `Value` with one kind set -------------------------
 
 def value_int(n: int) -> bytes:
-    """`value_of(int)`: sint64 (zigzag) below 2**63, else uint64."""
+    """`value_of(int)`: sint64 (zigzag) below 2**63, else uint64; out of both ranges a
+    ValueError, as upb raises (varint would truncate)."""
     if n >= 1 << 63:
+        if n >= 1 << 64:
+            raise ValueError(f"integer {n} is out of range for a Value (uint64)")
         return b"\x28" + varint(n)
+    if n < -(1 << 63):
+        raise ValueError(f"integer {n} is out of range for a Value (int64)")
     return b"\x20" + varint((n << 1) ^ (n >> 63))
 
 

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NamedTuple, cast
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -46,6 +46,14 @@ def _no_key(table: str, pipeline: PipelineSpec) -> str:
     fix = (", or name its key in spec.source.snapshot.key_columns"
            if pipeline.spec.source.type == "postgres" else "")
     return f"{table} has no primary key to read it in chunks by: add one{fix}"
+
+
+class Recovered(NamedTuple):
+    """What `_recover` settled: the table's entry as stored, and the keys the bus holds
+    already (not to be read again)."""
+
+    entry: pb.SnapshotTable
+    exclude: set[Key]
 
 
 @dataclass
@@ -88,7 +96,9 @@ class SnapshotWorker:
         self._reading: set[str] = set()  # tables a reader has taken
         self._all_done = False
         self._added: deque[str] = deque()
-        self._exclude: dict[str, set[Key]] = {}  # keys on the bus already, per table
+        # keys on the bus already, per table: (request id, keys), kept until the table's
+        # read ends (a retry in this process still needs them)
+        self._exclude: dict[str, tuple[int, set[Key]]] = {}
 
     def start(self, resnapshot: str = "") -> None:
         """Report the tables, settle what an earlier process left in flight, then read.
@@ -103,7 +113,8 @@ class SnapshotWorker:
                     plan = self.source.plan(entry.table)
                 except ConfigError:
                     continue  # the table's reading reports it
-                self._exclude[entry.table] = self._recover(entry, plan)[1]
+                recovered = self._recover(entry, plan)
+                self._exclude[entry.table] = (entry.request_id, recovered.exclude)
         for thread in self._threads:
             thread.start()
 
@@ -112,8 +123,7 @@ class SnapshotWorker:
         snapshotted, by the worker's thread."""
         self._added.extend(tables)
 
-    def _recover(self, entry: pb.SnapshotTable, plan: TablePlan
-                 ) -> tuple[pb.SnapshotTable, set[Key]]:
+    def _recover(self, entry: pb.SnapshotTable, plan: TablePlan) -> Recovered:
         """Chunks were handed to the bus when capture stopped (`inflight`; a chunk read
         again after a restart is another attempt of the same number). A chunk whose
         latest attempt is in a recorded epoch, or whole on the bus after it, is done, in
@@ -123,7 +133,12 @@ class SnapshotWorker:
         An attempt found part-way is kept in the record with where its events are on the
         bus (`partial_from`/`partial_to`), until its chunk is done: a restart before then
         reads the same keys there (by then, epochs of later processes may number past
-        it, so the epoch rule cannot tell it was cut)."""
+        it, so the epoch rule cannot tell it was cut). Such attempts stay until the table is
+        done, not only until their chunk number is (after a restart, chunk numbers no longer
+        match key ranges: rows inserted since may end a chunk before its keys); those of a
+        number already done are kept for their keys only. In a reset read (a resnapshot),
+        attempts of the first chunk published their keys before the TRUNCATE that the
+        first chunk publishes again: they exclude nothing."""
         epoch = self.control.latest_epoch(self.pipeline.spec.source.id)
         covered = epoch.position.tx_seq if epoch is not None else 0
         attempts = sorted(entry.inflight, key=lambda c: (c.chunk, c.tx_seq))
@@ -131,7 +146,8 @@ class SnapshotWorker:
                                                     if not c.partial_from and
                                                     c.tx_seq > covered})
         found.update(self._scan_partial(entry, plan, [c for c in attempts if c.partial_from]))
-        latest = {c.chunk: c for c in attempts}  # per chunk number, its latest attempt
+        # per chunk number past the stored cursor, its latest attempt
+        latest = {c.chunk: c for c in attempts if c.chunk > entry.chunks_done}
         done: list[pb.SnapshotChunk] = []
         for number in sorted(latest):
             chunk = latest[number]
@@ -154,7 +170,8 @@ class SnapshotWorker:
             on_bus = found.get(attempt.tx_seq)
             if attempt.chunk in finished or on_bus is None or not on_bus.keys:
                 continue
-            exclude |= on_bus.keys
+            if not (entry.reset and attempt.chunk == 1):  # before the TRUNCATE (docstring)
+                exclude |= on_bus.keys
             kept = pb.SnapshotChunk()
             kept.CopyFrom(attempt)
             if not attempt.partial_from:  # found part-way now: counted once, kept
@@ -172,7 +189,7 @@ class SnapshotWorker:
                 fields["state"] = pb.SNAPSHOT_DONE
         updated = self._set(entry.table, entry.request_id,
                             lambda stored: stored.inflight.extend(partial), **fields)
-        return updated or entry, exclude
+        return Recovered(updated or entry, exclude)
 
     def _reader(self) -> BusReader:
         bus = self.pipeline.spec.bus
@@ -366,12 +383,16 @@ class SnapshotWorker:
         except ConfigError as e:
             self._set(table, request_id, state=pb.SNAPSHOT_FAILED, reason=str(e))
             return
-        exclude = self._exclude.pop(table, set())
+        kept = self._exclude.get(table)
+        exclude: set[Key] = kept[1] if kept is not None and kept[0] == request_id else set()
+        self._exclude[table] = (request_id, exclude)
         own = [c.tx_seq for c in entry.inflight if not c.partial_from]
         if own:  # this process's own, left by a failed read of the table:
             # handed to this session's publisher, so an epoch will cover them
             self._wait_on_bus(max(own))
-            entry = self._recover(entry, plan)[0]
+            recovered = self._recover(entry, plan)
+            entry = recovered.entry
+            exclude |= recovered.exclude
             if entry.state not in ACTIVE:
                 return
         self.merger.record(table, plan.key_columns)
@@ -399,7 +420,7 @@ class SnapshotWorker:
                     continue  # discarded: read it again
                 number += 1
                 if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
-                    exclude = set()
+                    exclude.clear()
                 # else `exclude` stays: rows inserted since may end this chunk before the
                 # keys found on the bus do
                 cursor = chunk.cursor if chunk.cursor is not None else cursor
@@ -446,7 +467,9 @@ class SnapshotWorker:
             fields["state"] = pb.SNAPSHOT_DONE
 
         def edit(entry: pb.SnapshotTable) -> None:
-            kept = [c for c in entry.inflight if c.chunk > chunk.chunk]
+            # an earlier process's attempt found part-way stays for its keys (`_recover`)
+            kept = [c for c in entry.inflight if c.chunk > chunk.chunk or
+                    (c.partial_from and not chunk.last)]
             del entry.inflight[:]
             entry.inflight.extend(kept)
 
