@@ -25,7 +25,7 @@ import pytest
 from tailrace.devservers import PostgresServer
 from tailrace.events import python_of
 from tailrace.proto import control_pb2 as pb
-from tailrace.proto.event_pb2 import ChangeEvent, Op
+from tailrace.proto.event_pb2 import Op
 from tests.fix_capture import (
     BusView,
     CaptureProcess,
@@ -33,6 +33,7 @@ from tests.fix_capture import (
     assert_position_lost,
     deduplicated,
     http_health,
+    replayed,
     setup_items,
     stream_and_checkpoint,
 )
@@ -45,24 +46,6 @@ END = 999_999  # the id of the last row written: once it is on the bus, so is th
 def items_of(dsn: str) -> dict[int, str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return {int(i): v for i, v in conn.execute("SELECT id, v FROM items")}
-
-
-def replayed(events: list[ChangeEvent]) -> dict[int, str]:
-    """The table a sink builds from `events` in order."""
-    rows: dict[int, str] = {}
-    for event in events:
-        if event.table != "items":
-            continue
-        if event.op == Op.OP_TRUNCATE:
-            rows.clear()
-            continue
-        image = event.after if event.after.columns else event.before
-        values = {c.name: python_of(c.value) for c in image.columns}
-        if event.op == Op.OP_DELETE:
-            rows.pop(int(values["id"]), None)
-        else:
-            rows[int(values["id"])] = str(values["v"])
-    return rows
 
 
 def change_rows_unseen(dsn: str) -> None:
@@ -102,7 +85,7 @@ def assert_consistent(rig: CaptureRig, capture: CaptureProcess, dsn: str,
                                   for _, _, e in v.events if e.after.columns))
     kept = deduplicated(view)
     source = items_of(dsn)
-    assert replayed(kept) == source
+    assert replayed(kept, "items") == source
     new_era = [e for e in kept if e.position.tx_seq > old_max_tx]
     truncates = [e for e in new_era if e.op == Op.OP_TRUNCATE]
     reads = [e for e in new_era if e.op == Op.OP_SNAPSHOT_READ]

@@ -6,23 +6,14 @@ import json
 from typing import Any
 
 from tailrace.events._values import json_of
+from tailrace.events._wire import length_prefixed
 from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_event(event: ChangeEvent) -> bytes:
     """`BusRecord(event=event)` serialized, framed by hand (field 1, length-delimited) to
     avoid copying the event into a wrapper message."""
-    data = event.SerializeToString()
-    return b"\x0a" + _varint(len(data)) + data
+    return length_prefixed(1, event.SerializeToString())
 
 
 def encode_epoch(marker: EpochMarker) -> bytes:
