@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,8 +48,38 @@ class DevServerError(RuntimeError):
     """A throwaway server could not be found, prepared or started."""
 
 
+_LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
+    """Return a TCP port on 127.0.0.1 that is free right now, below the ephemeral range.
+
+    A port the OS picks for `bind(0)` comes from the ephemeral range, which outgoing
+    connections draw from too: between this call and the server binding it, a client
+    socket of any process may take it ("Address already in use", seen in CI). A port
+    below that range is never taken that way. Not handed out twice by this process.
+    """
+    high = _ephemeral_low()
+    for _ in range(200) if high - _LOWEST_PORT >= 1_000 else ():
+        port = random.randrange(_LOWEST_PORT, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
