@@ -97,18 +97,24 @@ def str_to_lsn(text: str) -> int:
         raise ValueError(f"invalid LSN {text!r}: expected hex X/Y like 0/16B3748") from None
 
 
-def _replication_conninfo(dsn: str, connect_timeout: float) -> str:
-    """The DSN (URI or key=value) with replication=database and our session settings."""
+def _pinned_conninfo(dsn: str, connect_timeout: float) -> dict[str, Any]:
+    """The DSN's parameters with our session settings (values printed as we parse them)."""
     try:
         params = conninfo_to_dict(dsn)
     except Exception as exc:  # psycopg.ProgrammingError: libpq could not parse it
         raise ConfigError(redact(f"invalid PostgreSQL DSN: {exc}")) from None
     user_options = str(params.get("options") or "")
     params["options"] = f"{_SESSION_OPTIONS} {user_options}".strip()
-    params["replication"] = "database"
     params["client_encoding"] = "UTF8"
     params["connect_timeout"] = max(2, math.ceil(connect_timeout))
     params.setdefault("application_name", "tailrace-capture")
+    return params
+
+
+def _replication_conninfo(dsn: str, connect_timeout: float) -> str:
+    """The DSN (URI or key=value) with replication=database and our session settings."""
+    params = _pinned_conninfo(dsn, connect_timeout)
+    params["replication"] = "database"
     return make_conninfo("", **params)
 
 
@@ -370,8 +376,14 @@ def _text(value: bytes | None) -> str:
 
 # -- facts about the server, read on every (re)connect ------------------------------------
 
-def connect(dsn: str, timeout: float = 10) -> psycopg.Connection[Any]:
-    """An ordinary autocommit connection (catalog queries, the publication)."""
+def connect(dsn: str, timeout: float = 10, *, pinned: bool = False) -> psycopg.Connection[Any]:
+    """An ordinary autocommit connection (catalog queries, the publication); `pinned`:
+    with the replication session's settings, so values read as text are printed as
+    pgoutput prints them (a snapshot's rows: a server whose DateStyle is not ISO would
+    otherwise give keys that differ from the streamed ones)."""
+    if pinned:
+        return psycopg.connect(make_conninfo("", **_pinned_conninfo(dsn, timeout)),
+                               autocommit=True)
     return psycopg.connect(dsn, autocommit=True, connect_timeout=int(timeout))
 
 

@@ -133,7 +133,7 @@ class PostgresChunks:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.dsn)
+            self._conn = connect(self.dsn, pinned=True)  # text as pgoutput prints it
         return self._conn
 
     def _table(self, table: str) -> _Table:

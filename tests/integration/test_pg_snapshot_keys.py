@@ -11,14 +11,16 @@ keyed by the columns the spec names; and what is refused, naming the fix.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from tailrace.events import ChangeEvent, Op, python_of
+from tailrace.events import ChangeEvent, Op, Row, python_of, value_of
 from tailrace.proto import control_pb2 as pb
+from tailrace_services.capture_postgres.snapshot import PostgresChunks
 from tests.fix_capture import CaptureRig, deduplicated
 
 pytestmark = pytest.mark.integration
@@ -127,3 +129,29 @@ def test_key_columns_that_are_not_unique_fail_the_table_naming_the_rows(
     entry = wait_entry(rig, lambda e: e.state == pb.SNAPSHOT_FAILED, 60)
     assert "public.logs has two rows with host = h0" in entry.reason, entry.reason
     capture.stop()
+
+
+def test_a_server_printing_dates_otherwise_still_gives_the_streams_values(pg_db: str) -> None:
+    """A database whose DateStyle is not ISO: the snapshot's session pins the settings the
+    replication session pins, so a timestamp key reads as the timestamp pgoutput sends
+    (not as unparsed text that would never equal a streamed key)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        conn.execute(f"ALTER DATABASE {name} SET DateStyle = 'SQL, DMY'")
+        conn.execute("CREATE TABLE events (at timestamptz PRIMARY KEY, n int)")
+        conn.execute("INSERT INTO events VALUES ('2026-11-24 07:30:01.5+00', 1)")
+    with psycopg.connect(pg_db, autocommit=True) as conn:  # as a plain session sees it
+        assert conn.execute("SELECT at::text FROM events").fetchone()[0].startswith("24/11/2026")  # type: ignore[index]
+    chunks = PostgresChunks(pg_db, "src", "acme", "db")
+    try:
+        plan = chunks.plan("public.events")
+        chunks.begin_table(plan)
+        rows = chunks.read_chunk(plan, None, 10, "", "tok")
+    finally:
+        chunks.close()
+    [(key, (_, row))] = rows.rows.items()
+    at = Row.FromString(row).columns[0].value
+    assert at.WhichOneof("kind") == "timestamp_value", at
+    assert key == (value_of(dt.datetime(2026, 11, 24, 7, 30, 1, 500000, tzinfo=dt.UTC))
+                   .SerializeToString(),)
+    assert rows.cursor == ["2026-11-24 07:30:01.5+00"]
