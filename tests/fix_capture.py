@@ -508,6 +508,26 @@ def side_url(capture: CaptureProcess) -> str:
                     if '"event": "http side port"' in line))
 
 
+def operator_resnapshots(rig: CaptureRig, capture: CaptureProcess,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture stopped on a lost position (503, waiting) brought back the operator's
+    way: `tailrace resnapshot` is refused while the pipeline runs, then pause,
+    resnapshot, resume; returns once capture streams again."""
+    from tailrace_services.cli.main import main
+
+    assert http_health(capture)[0] == 503
+    capture.wait_log("waiting for an operator")
+    control = ["--control", rig.control.address]
+    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 1, \
+        "refused while the pipeline runs"
+    assert "pause it first" in capsys.readouterr().err
+    assert main([*control, "pause", rig.name]) == 0
+    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 0
+    assert main([*control, "resume", rig.name]) == 0
+    capture.wait_log("resnapshot requested by an operator")
+    capture.wait_streaming()
+
+
 def http_health(capture: CaptureProcess) -> tuple[int, dict[str, Any]]:
     try:
         with urllib.request.urlopen(side_url(capture) + "/health", timeout=5) as r:

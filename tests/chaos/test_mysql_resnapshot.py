@@ -36,6 +36,7 @@ from tests.fix_capture import (
     assert_position_lost,
     deduplicated,
     http_health,
+    operator_resnapshots,
     replayed,
 )
 from tests.fix_mysql import purge_binlogs_to
@@ -129,7 +130,6 @@ def assert_consistent(rig: CaptureRig, capture: CaptureProcess, server: MariaDBS
 def test_binlogs_purged_while_capture_was_down_come_back_with_tailrace_resnapshot(
         make_mariadb_server: Callable[..., MariaDBServer], mysql_rig: Callable[..., CaptureRig],
         capsys: pytest.CaptureFixture[str]) -> None:
-    from tailrace_services.cli.main import main
 
     server = make_mariadb_server()
     setup_items(server)
@@ -142,17 +142,7 @@ def test_binlogs_purged_while_capture_was_down_come_back_with_tailrace_resnapsho
     capture = rig.start("--http-port", "0")
     assert_position_lost(rig, capture, "binlogs were purged past our checkpoint",
                          exit_code=None)
-    assert http_health(capture)[0] == 503
-    capture.wait_log("waiting for an operator")
-    control = ["--control", rig.control.address]
-    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 1, \
-        "refused while the pipeline runs"
-    assert "pause it first" in capsys.readouterr().err
-    assert main([*control, "pause", rig.name]) == 0
-    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 0
-    assert main([*control, "resume", rig.name]) == 0
-    capture.wait_log("resnapshot requested by an operator")
-    capture.wait_streaming()
+    operator_resnapshots(rig, capture, capsys)
     change_rows_after(server)
 
     assert_consistent(rig, capture, server, old_max_tx)

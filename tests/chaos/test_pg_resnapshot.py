@@ -33,6 +33,7 @@ from tests.fix_capture import (
     assert_position_lost,
     deduplicated,
     http_health,
+    operator_resnapshots,
     replayed,
     setup_items,
     stream_and_checkpoint,
@@ -105,7 +106,6 @@ def assert_consistent(rig: CaptureRig, capture: CaptureProcess, dsn: str,
 def test_a_dropped_slot_comes_back_with_tailrace_resnapshot(
         pg_db: str, capture_rig: Callable[..., CaptureRig],
         capsys: pytest.CaptureFixture[str]) -> None:
-    from tailrace_services.cli.main import main
 
     setup_items(pg_db)
     rig = capture_rig(pg_db, "[public.items]", snapshot={"mode": "never", "chunk_size": 7})
@@ -118,17 +118,7 @@ def test_a_dropped_slot_comes_back_with_tailrace_resnapshot(
     capture = rig.start("--http-port", "0")
     assert_position_lost(rig, capture, f"replication slot '{rig.slot}' does not exist",
                          exit_code=None)
-    assert http_health(capture)[0] == 503
-    capture.wait_log("waiting for an operator")
-    control = ["--control", rig.control.address]
-    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 1, \
-        "refused while the pipeline runs"
-    assert "pause it first" in capsys.readouterr().err
-    assert main([*control, "pause", rig.name]) == 0
-    assert main([*control, "resnapshot", rig.name, "--confirm", rig.source_id]) == 0
-    assert main([*control, "resume", rig.name]) == 0
-    capture.wait_log("resnapshot requested by an operator")
-    capture.wait_streaming()
+    operator_resnapshots(rig, capture, capsys)
     change_rows_after(pg_db)
 
     assert_consistent(rig, capture, pg_db, old_max_tx)

@@ -24,7 +24,6 @@ __all__ = [
     "NULL",
     "column_prefix",
     "field_bytes",
-    "field_varint",
     "length_prefixed",
     "row_bytes",
     "value_bool",
@@ -68,11 +67,6 @@ def field_bytes(tag: int, data: bytes | str) -> bytes:
     """A string or bytes field; empty when the value is the default (proto3)."""
     raw = data.encode() if isinstance(data, str) else data
     return length_prefixed(tag, raw) if raw else b""
-
-
-def field_varint(tag: int, n: int) -> bytes:
-    """An integer, enum or bool field (wire type 0); empty when 0 (proto3)."""
-    return varint(tag << 3) + varint(n) if n else b""
 
 
 # -- Values: each returns the serialized `Value` with one kind set -------------------------
