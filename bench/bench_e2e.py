@@ -79,9 +79,7 @@ KAFKA_SINK = '{{id: out, type: kafka, brokers: "{brokers}", topic: "e2e", exactl
 def _connect(source: str, dsn: str) -> Any:
     if source == "postgres":
         return psycopg.connect(dsn, autocommit=False)
-    host, port, user, password, db = json.loads(dsn)
-    return pymysql.connect(host=host, port=port, user=user, password=password, database=db,
-                           autocommit=False)
+    return pymysql.connect(**json.loads(dsn), autocommit=False)  # MariaDBServer.connect_kwargs
 
 
 def write_paced(source: str, dsn: str, first_id: int, rate: int, seconds: float,
@@ -132,7 +130,8 @@ class Arrivals(threading.Thread):
 
     def _note(self, key: bytes | str) -> None:
         pk = json.loads(key)["pk"]
-        self.at.setdefault(int(pk["id"]), time.time())
+        if "id" in pk:  # not a DDL event (MySQL sends the CREATE TABLE)
+            self.at.setdefault(int(pk["id"]), time.time())
 
     def _redis(self) -> None:
         client = redis.Redis.from_url(self.url)
@@ -284,11 +283,12 @@ def main() -> None:
             source.execute("CREATE DATABASE bench")
             source.execute("CREATE TABLE bench.items (id bigint PRIMARY KEY, payload text)")
             spec_dsn, table = source.dsn("bench"), "bench.items"
-            dsn = json.dumps([source.host, source.port, "root", "", "bench"])
+            dsn = json.dumps({**source.connect_kwargs(), "database": "bench"})
         sink = REDIS_SINK.format(url=red.url) if args.sink == "redis" else \
             KAFKA_SINK.format(brokers=kafka.bootstrap)
         spec_path = work / "e2e.yaml"
-        spec_path.write_text(SPEC.format(source=args.source, dsn=spec_dsn, table=table,
+        spec_path.write_text(SPEC.format(source="postgres" if args.source == "postgres" else "mysql",
+                                         dsn=spec_dsn, table=table,
                                          sink=sink, brokers=kafka.bootstrap,
                                          control_port=free_port(),
                                          batch=f"  batch: {{max_events: {args.max_events}}}\n"
