@@ -21,8 +21,9 @@ per chunk, the transactions that had committed but were not visible to the read
 seen by the merger while it recorded, the chunk is discarded and read again.
 
 The parts: `chunks` (what a chunk and a watermark are; the source's `ChunkSource`),
-`merger` (the stream side), `worker` (the reading side), `progress` (the control
-service's snapshot record). A connector implements `ChunkSource` in its `snapshot.py`.
+`merger` (the stream side), `worker` (the reading side), `recovery` (after a restart,
+which chunks made it to the bus), `progress` (the control service's snapshot record).
+A connector implements `ChunkSource` in its `snapshot.py`.
 """
 
 from tailrace_services.capture.snapshot.chunks import (

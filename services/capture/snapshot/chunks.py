@@ -10,7 +10,7 @@ from typing import Protocol
 from tailrace.proto.event_pb2 import ChangeEvent, Position, Row
 
 __all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "TablePlan",
-           "Watermark", "key_of", "parse_watermark", "watermark_content"]
+           "Watermark", "key_of", "parse_watermark", "table_of", "watermark_content"]
 
 WATERMARK_PREFIX = "tailrace"
 Key = tuple[bytes, ...]
@@ -47,6 +47,12 @@ def key_of(row: Row, key_columns: Iterable[str]) -> Key:
     """A row's key as comparable bytes: the serialized values of its key columns."""
     values = {c.name: c.value for c in row.columns}
     return tuple(values[k].SerializeToString() if k in values else b"" for k in key_columns)
+
+
+def table_of(event: ChangeEvent) -> str:
+    """The event's table as snapshot records name it: `schema.table` (PostgreSQL),
+    `database.table` (MySQL)."""
+    return f"{event.schema or event.database}.{event.table}"
 
 
 @dataclass(frozen=True)

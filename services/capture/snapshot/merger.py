@@ -12,7 +12,14 @@ from tailrace.events import event_id, idempotency_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Op, Position
 from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
-from tailrace_services.capture.snapshot.chunks import ChunkRows, Key, ReadRow, Watermark, key_of
+from tailrace_services.capture.snapshot.chunks import (
+    ChunkRows,
+    Key,
+    ReadRow,
+    Watermark,
+    key_of,
+    table_of,
+)
 from tailrace_services.capture.snapshot.records import read_transaction
 
 __all__ = ["Chunk", "SnapshotMerger"]
@@ -112,8 +119,7 @@ class SnapshotMerger:
                 yield item
 
     def _note(self, tx_keys: dict[str, set[Key]], event: ChangeEvent) -> None:
-        table = f"{event.schema}.{event.table}" if event.schema else \
-            f"{event.database}.{event.table}"
+        table = table_of(event)
         columns = self._keys.get(table)
         if columns is None:
             return

@@ -9,23 +9,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
-from confluent_kafka import KafkaError, Message, Producer
-
-from tailrace.bus import BusReader, producer_config
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, RetryableError
-from tailrace.events import decode_record, encode_epoch
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
-from tailrace.proto.event_pb2 import EpochMarker, Op, Position
+from tailrace.proto.event_pb2 import Position
 from tailrace_services.capture.metrics import CaptureMetrics
-from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan, key_of
+from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan
 from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
 from tailrace_services.capture.snapshot.progress import ACTIVE, Progress, SnapshotProgress
+from tailrace_services.capture.snapshot.recovery import BusScan, settle
 
 __all__ = ["SnapshotWorker"]
 
@@ -33,13 +29,11 @@ log = get_logger(__name__)
 
 EPOCH_POLL_S = 0.1
 IDLE_POLL_S = 1.0
-SCAN_TIMEOUT_S = 60.0
 RETRY_S = 2.0
 FAILURES_BEFORE_FAILED = 3
 # chunks published but not yet in a recorded epoch: reading goes on meanwhile (an epoch
 # every `epoch_ms` would otherwise pause it); a restart scans the bus for them
 PENDING_CHUNKS = 4
-_READ = Op.OP_SNAPSHOT_READ
 
 
 def _no_key(table: str, pipeline: PipelineSpec) -> str:
@@ -54,15 +48,6 @@ class Recovered(NamedTuple):
 
     entry: pb.SnapshotTable
     exclude: set[Key]
-
-
-@dataclass
-class _OnBus:
-    """What a restart found of one read transaction: its keys, its size, and where."""
-
-    size: int
-    keys: set[Key] = field(default_factory=set)
-    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition: [from, to)
 
 
 class SnapshotWorker:
@@ -99,6 +84,7 @@ class SnapshotWorker:
         # keys on the bus already, per table: (request id, keys), kept until the table's
         # read ends (a retry in this process still needs them)
         self._exclude: dict[str, tuple[int, set[Key]]] = {}
+        self._scan = BusScan(pipeline)
 
     def start(self, resnapshot: str = "") -> None:
         """Report the tables, settle what an earlier process left in flight, then read.
@@ -125,152 +111,26 @@ class SnapshotWorker:
 
     def _recover(self, entry: pb.SnapshotTable, plan: TablePlan) -> Recovered:
         """Chunks were handed to the bus when capture stopped (`inflight`; a chunk read
-        again after a restart is another attempt of the same number). A chunk whose
-        latest attempt is in a recorded epoch, or whole on the bus after it, is done, in
-        chunk order: the cursor moves past them. From the first one that is not, the
-        table is read again, without the keys of any attempt the bus holds.
-
-        An attempt found part-way is kept in the record with where its events are on the
-        bus (`partial_from`/`partial_to`), until its chunk is done: a restart before then
-        reads the same keys there (by then, epochs of later processes may number past
-        it, so the epoch rule cannot tell it was cut). Such attempts stay until the table is
-        done, not only until their chunk number is (after a restart, chunk numbers no longer
-        match key ranges: rows inserted since may end a chunk before its keys); those of a
-        number already done are kept for their keys only. In a reset read (a resnapshot),
-        attempts of the first chunk published their keys before the TRUNCATE that the
-        first chunk publishes again: they exclude nothing."""
+        again after a restart is another attempt of the same number): store those done,
+        keep those found part-way, and exclude the keys the bus holds (`recovery.settle`)."""
         epoch = self.control.latest_epoch(self.pipeline.spec.source.id)
         covered = epoch.position.tx_seq if epoch is not None else 0
-        attempts = sorted(entry.inflight, key=lambda c: (c.chunk, c.tx_seq))
-        found = self._scan_bus(entry, plan, epoch, {c.tx_seq for c in attempts
-                                                    if not c.partial_from and
-                                                    c.tx_seq > covered})
-        found.update(self._scan_partial(entry, plan, [c for c in attempts if c.partial_from]))
-        # per chunk number past the stored cursor, its latest attempt
-        latest = {c.chunk: c for c in attempts if c.chunk > entry.chunks_done}
-        done: list[pb.SnapshotChunk] = []
-        for number in sorted(latest):
-            chunk = latest[number]
-            on_bus = found.get(chunk.tx_seq)
-            whole = not chunk.partial_from and (
-                chunk.tx_seq <= covered or (on_bus is not None and len(on_bus.keys) ==
-                                            on_bus.size > 0))
-            log.info("snapshot chunk found after a restart", table=entry.table,
-                     chunk=chunk.chunk, whole=whole,
-                     rows_on_bus="all (in a recorded epoch)" if whole and not on_bus
-                     else len(on_bus.keys) if on_bus else 0)
-            if not whole:
-                break
-            done.append(chunk)
-        finished = {c.chunk for c in done}
-        exclude: set[Key] = set()
-        partial: list[pb.SnapshotChunk] = []
-        newly_found = 0
-        for attempt in attempts:
-            on_bus = found.get(attempt.tx_seq)
-            if attempt.chunk in finished or on_bus is None or not on_bus.keys:
-                continue
-            if not (entry.reset and attempt.chunk == 1):  # before the TRUNCATE (docstring)
-                exclude |= on_bus.keys
-            kept = pb.SnapshotChunk()
-            kept.CopyFrom(attempt)
-            if not attempt.partial_from:  # found part-way now: counted once, kept
-                newly_found += len(on_bus.keys)
-                for partition, (first, after) in on_bus.ranges.items():
-                    kept.partial_from[partition] = first
-                    kept.partial_to[partition] = after
-            partial.append(kept)
+        found = self._scan.find(entry, plan, epoch)
+        settled = settle(entry, covered, found)
+        for chunk in settled.done:
+            log.info("snapshot chunk found whole after a restart", table=entry.table,
+                     chunk=chunk.chunk, in_recorded_epoch=chunk.tx_seq <= covered)
         fields: dict[str, object] = {"inflight": [],
-                                     "rows_done": entry.rows_done + newly_found
-                                     + sum(c.rows for c in done)}
-        if done:
-            fields.update(cursor=done[-1].cursor, chunks_done=done[-1].chunk)
-            if done[-1].last:
+                                     "rows_done": entry.rows_done + settled.newly_found
+                                     + sum(c.rows for c in settled.done)}
+        if settled.done:
+            last = settled.done[-1]
+            fields.update(cursor=last.cursor, chunks_done=last.chunk)
+            if last.last:
                 fields["state"] = pb.SNAPSHOT_DONE
         updated = self._set(entry.table, entry.request_id,
-                            lambda stored: stored.inflight.extend(partial), **fields)
-        return Recovered(updated or entry, exclude)
-
-    def _reader(self) -> BusReader:
-        bus = self.pipeline.spec.bus
-        return BusReader(bus.brokers, self.pipeline.bus_topic, client_config=bus.client_config,
-                         client_id=f"tailrace-capture-snapshot-{self.pipeline.spec.source.id}",
-                         committed_only=False)
-
-    def _scan_bus(self, entry: pb.SnapshotTable, plan: TablePlan, epoch: pb.Epoch | None,
-                  positions: set[int]) -> dict[int, _OnBus]:
-        """The read transactions at `positions` on the bus after the latest epoch."""
-        found: dict[int, _OnBus] = {}
-        if not positions:
-            return found
-        ends = self._fence(epoch)
-        with self._reader() as reader:
-            for partition, end in ends.items():
-                start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
-                self._collect(reader, partition, start, end, entry, plan, positions, found)
-        return found
-
-    def _fence(self, epoch: pb.Epoch | None) -> dict[int, int]:
-        """Where each partition ends after everything an earlier process sent: the offset of
-        a marker written now (the latest epoch's, again: nothing new for delivery). Asking
-        the broker for the end is not enough: the test broker, after a kill -9 of the
-        producer, kept its high watermark below records it had appended until something
-        more was written, and a chunk found short there is read twice."""
-        bus = self.pipeline.spec.bus
-        source_id = self.pipeline.spec.source.id
-        producer = Producer(producer_config(bus.brokers, f"tailrace-capture-fence-{source_id}",
-                                            bus.client_config))
-        ends: dict[int, int] = {}
-        errors: list[str] = []
-
-        def acked(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                ends[cast(int, msg.partition())] = cast(int, msg.offset())
-
-        now_us = time.time_ns() // 1000
-        for partition in range(bus.partitions):
-            marker = EpochMarker(epoch_id=epoch.epoch_id if epoch is not None else 0,
-                                 source_id=source_id, partition=partition, ts_micros=now_us,
-                                 position=epoch.position if epoch is not None else None)
-            producer.produce(self.pipeline.bus_topic, encode_epoch(marker),
-                             partition=partition, on_delivery=acked)
-        left = producer.flush(SCAN_TIMEOUT_S)
-        if errors or left or len(ends) < bus.partitions:
-            raise RetryableError("cannot write to the bus to find where an earlier capture's "
-                                 f"snapshot chunks end: {'; '.join(errors) or 'no answer'}")
-        return ends
-
-    def _scan_partial(self, entry: pb.SnapshotTable, plan: TablePlan,
-                      attempts: list[pb.SnapshotChunk]) -> dict[int, _OnBus]:
-        """Attempts an earlier restart found part-way, where it found them."""
-        found: dict[int, _OnBus] = {}
-        if not attempts:
-            return found
-        with self._reader() as reader:
-            for attempt in attempts:
-                for partition, first in attempt.partial_from.items():
-                    self._collect(reader, partition, first, attempt.partial_to[partition],
-                                  entry, plan, {attempt.tx_seq}, found)
-        return found
-
-    @staticmethod
-    def _collect(reader: BusReader, partition: int, start: int, end: int,
-                 entry: pb.SnapshotTable, plan: TablePlan, positions: set[int],
-                 found: dict[int, _OnBus]) -> None:
-        for offsets, values in reader.read_range(partition, start, end, SCAN_TIMEOUT_S):
-            for offset, value in zip(offsets, values, strict=True):
-                record = decode_record(value)
-                if record.WhichOneof("record") != "event":
-                    continue
-                event = record.event
-                if (event.op == _READ and event.position.tx_seq in positions
-                        and event.snapshot.request_id == entry.request_id):
-                    on_bus = found.setdefault(event.position.tx_seq, _OnBus(event.tx_size))
-                    on_bus.keys.add(key_of(event.after, plan.key_columns))
-                    first, after = on_bus.ranges.get(partition, (offset, offset + 1))
-                    on_bus.ranges[partition] = (min(first, offset), max(after, offset + 1))
+                            lambda stored: stored.inflight.extend(settled.partial), **fields)
+        return Recovered(updated or entry, settled.exclude)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -498,9 +358,10 @@ class SnapshotWorker:
             def in_flight(chunk: Chunk, position: Position) -> None:
                 """Before the read transaction is published: what a restart looks for."""
                 after = chunk.cursor if chunk.cursor is not None else cursor
-                record = pb.SnapshotChunk(chunk=number, cursor=json.dumps(after) if after
-                                          else "", tx_seq=position.tx_seq,
-                                          rows=chunk.published_rows, last=chunk.last)
+                record = pb.SnapshotChunk(
+                    chunk=number, cursor=json.dumps(after) if after else "",
+                    tx_seq=position.tx_seq, rows=chunk.published_rows, last=chunk.last,
+                    cleared_tx_seq=chunk.cleared_at.tx_seq if chunk.cleared_at else 0)
                 self._set(plan.table, request_id, lambda entry: entry.inflight.append(record))
 
             chunk.before_publish = in_flight

@@ -1,0 +1,201 @@
+"""After a restart: which of the chunks an earlier process handed to the bus made it
+there whole (docs/snapshots.md, "Crash recovery").
+
+A chunk's attempt is recorded in the control service (`SnapshotTable.inflight`) before
+its read transaction is published. After a kill -9 the bus may hold all of it, part of
+it, or none. `BusScan` reads the bus after the latest epoch for what those attempts
+published; `settle` decides, without I/O, which chunks are done and which keys the bus
+holds already.
+
+A reset read (after a lost position) publishes the table's `TRUNCATE` at the first
+chunk's low watermark, as a transaction of its own. On a bus of several partitions it
+may be lost while the read transaction, on another partition, landed whole: the chunk is
+done only with its `TRUNCATE` on the bus too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple, cast
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from tailrace.bus import BusReader, producer_config
+from tailrace.config import PipelineSpec
+from tailrace.errors import RetryableError
+from tailrace.events import decode_record, encode_epoch
+from tailrace.proto import control_pb2 as pb
+from tailrace.proto.event_pb2 import EpochMarker, Op
+from tailrace_services.capture.snapshot.chunks import Key, TablePlan, key_of, table_of
+
+__all__ = ["BusScan", "Found", "OnBus", "Settled", "settle"]
+
+SCAN_TIMEOUT_S = 60.0
+
+
+@dataclass
+class OnBus:
+    """What a restart found of one read transaction: its keys, its size, and where."""
+
+    size: int
+    keys: set[Key] = field(default_factory=set)
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition: [from, to)
+
+    @property
+    def whole(self) -> bool:
+        return len(self.keys) == self.size > 0
+
+
+@dataclass
+class Found:
+    """The bus after the latest epoch, as far as one table's attempts go."""
+
+    reads: dict[int, OnBus] = field(default_factory=dict)  # by the read's tx_seq
+    truncates: set[int] = field(default_factory=set)  # tx_seqs of the table's TRUNCATEs
+
+
+class Settled(NamedTuple):
+    """`settle`'s answer: chunks done (in order), the keys the bus holds already, and the
+    attempts to keep in the record (found part-way) with how many rows they add."""
+
+    done: list[pb.SnapshotChunk]
+    exclude: set[Key]
+    partial: list[pb.SnapshotChunk]
+    newly_found: int
+
+
+def settle(entry: pb.SnapshotTable, covered: int, found: Found) -> Settled:
+    """A chunk whose latest attempt is in a recorded epoch (`covered`: the epoch's
+    tx_seq), or whole on the bus after it with its `TRUNCATE` (a reset's first chunk), is
+    done, in chunk order. From the first one that is not, the table is read again, without
+    the keys of any attempt the bus holds.
+
+    An attempt found part-way is kept with where its events are on the bus (`partial_from`/
+    `partial_to`) until the table is done: a later restart reads the same keys there (by
+    then epochs of later processes may number past it, so the epoch rule cannot tell it was
+    cut; and chunk numbers no longer match key ranges once rows were inserted). In a reset
+    read, attempts of the first chunk published their keys before the `TRUNCATE` the first
+    chunk publishes again: they exclude nothing."""
+    attempts = sorted(entry.inflight, key=lambda c: (c.chunk, c.tx_seq))
+    latest = {c.chunk: c for c in attempts if c.chunk > entry.chunks_done}
+    done: list[pb.SnapshotChunk] = []
+    for number in sorted(latest):
+        chunk = latest[number]
+        on_bus = found.reads.get(chunk.tx_seq)
+        truncated = chunk.cleared_tx_seq <= covered or chunk.cleared_tx_seq in found.truncates
+        whole = not chunk.partial_from and (
+            chunk.tx_seq <= covered or (on_bus is not None and on_bus.whole and truncated))
+        if not whole:
+            break
+        done.append(chunk)
+    finished = {c.chunk for c in done}
+    exclude: set[Key] = set()
+    partial: list[pb.SnapshotChunk] = []
+    newly_found = 0
+    for attempt in attempts:
+        on_bus = found.reads.get(attempt.tx_seq)
+        if attempt.chunk in finished or on_bus is None or not on_bus.keys:
+            continue
+        if not (entry.reset and attempt.chunk == 1):  # before the TRUNCATE (docstring)
+            exclude |= on_bus.keys
+        kept = pb.SnapshotChunk()
+        kept.CopyFrom(attempt)
+        if not attempt.partial_from:  # found part-way now: counted once, kept
+            newly_found += len(on_bus.keys)
+            for partition, (first, after) in on_bus.ranges.items():
+                kept.partial_from[partition] = first
+                kept.partial_to[partition] = after
+        partial.append(kept)
+    return Settled(done, exclude, partial, newly_found)
+
+
+class BusScan:
+    """Reads what earlier processes published of a table's attempts."""
+
+    def __init__(self, pipeline: PipelineSpec) -> None:
+        self.pipeline = pipeline
+
+    def reader(self) -> BusReader:
+        bus = self.pipeline.spec.bus
+        return BusReader(bus.brokers, self.pipeline.bus_topic, client_config=bus.client_config,
+                         client_id=f"tailrace-capture-snapshot-{self.pipeline.spec.source.id}",
+                         committed_only=False)
+
+    def find(self, entry: pb.SnapshotTable, plan: TablePlan, epoch: pb.Epoch | None) -> Found:
+        """The attempts' read transactions (and reset `TRUNCATE`s) past the latest epoch,
+        and those found part-way before, where they were found."""
+        covered = epoch.position.tx_seq if epoch is not None else 0
+        found = Found()
+        fresh = [c for c in entry.inflight if not c.partial_from]
+        positions = {c.tx_seq for c in fresh if c.tx_seq > covered} | {
+            c.cleared_tx_seq for c in fresh if c.cleared_tx_seq > covered}
+        if positions:
+            ends = self._fence(epoch)
+            with self.reader() as reader:
+                for partition, end in ends.items():
+                    start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
+                    self._collect(reader, partition, start, end, entry, plan, positions, found)
+        earlier = [c for c in entry.inflight if c.partial_from]
+        if earlier:
+            with self.reader() as reader:
+                for attempt in earlier:
+                    for partition, first in attempt.partial_from.items():
+                        self._collect(reader, partition, first, attempt.partial_to[partition],
+                                      entry, plan, {attempt.tx_seq}, found)
+        return found
+
+    def _fence(self, epoch: pb.Epoch | None) -> dict[int, int]:
+        """Where each partition ends after everything an earlier process sent: the offset of
+        a marker written now (the latest epoch's, again: nothing new for delivery). Asking
+        the broker for the end is not enough: the test broker, after a kill -9 of the
+        producer, kept its high watermark below records it had appended until something
+        more was written, and a chunk found short there is read twice."""
+        bus = self.pipeline.spec.bus
+        source_id = self.pipeline.spec.source.id
+        producer = Producer(producer_config(bus.brokers, f"tailrace-capture-fence-{source_id}",
+                                            bus.client_config))
+        ends: dict[int, int] = {}
+        errors: list[str] = []
+
+        def acked(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                ends[cast(int, msg.partition())] = cast(int, msg.offset())
+
+        now_us = time.time_ns() // 1000
+        for partition in range(bus.partitions):
+            marker = EpochMarker(epoch_id=epoch.epoch_id if epoch is not None else 0,
+                                 source_id=source_id, partition=partition, ts_micros=now_us,
+                                 position=epoch.position if epoch is not None else None)
+            producer.produce(self.pipeline.bus_topic, encode_epoch(marker),
+                             partition=partition, on_delivery=acked)
+        left = producer.flush(SCAN_TIMEOUT_S)
+        if errors or left or len(ends) < bus.partitions:
+            raise RetryableError("cannot write to the bus to find where an earlier capture's "
+                                 f"snapshot chunks end: {'; '.join(errors) or 'no answer'}")
+        return ends
+
+    @staticmethod
+    def _collect(reader: BusReader, partition: int, start: int, end: int,
+                 entry: pb.SnapshotTable, plan: TablePlan, positions: Iterable[int],
+                 found: Found) -> None:
+        wanted = set(positions)
+        for offsets, values in reader.read_range(partition, start, end, SCAN_TIMEOUT_S):
+            for offset, value in zip(offsets, values, strict=True):
+                record = decode_record(value)
+                if record.WhichOneof("record") != "event":
+                    continue
+                event = record.event
+                if event.position.tx_seq not in wanted:
+                    continue
+                if event.op == Op.OP_TRUNCATE and table_of(event) == entry.table:
+                    found.truncates.add(event.position.tx_seq)
+                elif event.op == Op.OP_SNAPSHOT_READ and \
+                        event.snapshot.request_id == entry.request_id:
+                    on_bus = found.reads.setdefault(event.position.tx_seq, OnBus(event.tx_size))
+                    on_bus.keys.add(key_of(event.after, plan.key_columns))
+                    first, after = on_bus.ranges.get(partition, (offset, offset + 1))
+                    on_bus.ranges[partition] = (min(first, offset), max(after, offset + 1))

@@ -1,0 +1,65 @@
+"""`recovery.settle`: which chunks an earlier process handed to the bus are done after a
+restart, and which keys the bus holds already."""
+
+from __future__ import annotations
+
+from tailrace.proto import control_pb2 as pb
+from tailrace_services.capture.snapshot.recovery import Found, OnBus, settle
+
+
+def _entry(*attempts: pb.SnapshotChunk, reset: bool = False) -> pb.SnapshotTable:
+    return pb.SnapshotTable(table="public.t", request_id=3, reset=reset, inflight=attempts)
+
+
+def _on_bus(size: int, *keys: int, partition: int = 0) -> OnBus:
+    return OnBus(size, {(bytes([k]),) for k in keys}, {partition: (100, 100 + len(keys))})
+
+
+def test_a_chunk_whole_on_the_bus_is_done_and_one_cut_short_is_read_again_without_its_keys(
+) -> None:
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=11, rows=2, cursor="[\"2\"]"),
+                   pb.SnapshotChunk(chunk=2, tx_seq=12, rows=3, cursor="[\"5\"]"))
+    found = Found(reads={11: _on_bus(2, 1, 2), 12: _on_bus(3, 3, 4)})
+    settled = settle(entry, covered=10, found=found)
+    assert [c.chunk for c in settled.done] == [1]
+    assert settled.exclude == {(b"\x03",), (b"\x04",)}
+    assert [(c.chunk, dict(c.partial_from)) for c in settled.partial] == [(2, {0: 100})]
+    assert settled.newly_found == 2
+
+
+def test_chunks_are_done_in_order_only() -> None:
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=11, rows=2),
+                   pb.SnapshotChunk(chunk=2, tx_seq=12, rows=1))
+    settled = settle(entry, covered=10, found=Found(reads={11: _on_bus(2, 1),
+                                                           12: _on_bus(1, 3)}))
+    assert settled.done == []
+    assert settled.exclude == {(b"\x01",), (b"\x03",)}
+
+
+def test_a_chunk_in_a_recorded_epoch_is_done_whatever_the_bus_shows() -> None:
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=9, rows=2, cleared_tx_seq=8), reset=True)
+    assert [c.chunk for c in settle(entry, covered=10, found=Found()).done] == [1]
+
+
+def test_a_reset_chunk_whose_truncate_was_lost_on_another_partition_is_read_again() -> None:
+    """The read transaction landed whole on partition 1; the TRUNCATE before it, on
+    partition 0, did not (kill -9). Counting the chunk done would leave the sinks with the
+    rows deleted during the loss."""
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=12, rows=2, cleared_tx_seq=11,
+                                    last=True), reset=True)
+    lost = settle(entry, covered=10, found=Found(reads={12: _on_bus(2, 1, 2, partition=1)}))
+    assert lost.done == []
+    assert lost.exclude == set(), "published before the TRUNCATE read again: excludes nothing"
+    assert [c.chunk for c in lost.partial] == [1]
+
+    landed = settle(entry, covered=10, found=Found(reads={12: _on_bus(2, 1, 2, partition=1)},
+                                                   truncates={11}))
+    assert [c.chunk for c in landed.done] == [1]
+    assert landed.partial == []
+
+
+def test_a_truncate_already_in_a_recorded_epoch_needs_no_finding() -> None:
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=12, rows=2, cleared_tx_seq=9),
+                   reset=True)
+    settled = settle(entry, covered=10, found=Found(reads={12: _on_bus(2, 1, 2)}))
+    assert [c.chunk for c in settled.done] == [1]
