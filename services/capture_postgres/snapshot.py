@@ -40,7 +40,7 @@ from psycopg.types.string import TextLoader
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Op
 from tailrace.events._codec import bus_key_of
-from tailrace.events._wire import NULL, column_prefix, row_bytes
+from tailrace.events._wire import NULL, column_prefix, cwire, row_bytes
 from tailrace_services.capture.snapshot import (
     WATERMARK_PREFIX,
     ChunkRows,
@@ -52,7 +52,7 @@ from tailrace_services.capture.snapshot import (
 from tailrace_services.capture_postgres.connection import connect
 from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
 from tailrace_services.capture_postgres.schema import choose_key, configured_key
-from tailrace_services.capture_postgres.values import encoder_for
+from tailrace_services.capture_postgres.values import Encoder, encoder_for, kind_for
 
 __all__ = ["PostgresChunks"]
 
@@ -106,13 +106,37 @@ class _Table:
         self.keys_unchecked = bool(self.keys) and not own  # from the spec: no constraint
         self.estimate = int(rows[0][10])  # -1: never analyzed
         columns = self.relation.columns
-        self.encoders = tuple(encoder_for(c.type_oid, types[c.type_oid].name
-                                          if c.type_oid in types else None) for c in columns)
+        custom = [types[c.type_oid].name if c.type_oid in types else None for c in columns]
+        self.encoders = tuple(encoder_for(c.type_oid, name)
+                              for c, name in zip(columns, custom, strict=True))
+        self.kinds = bytes(kind_for(c.type_oid, name) for c, name in zip(columns, custom,
+                                                                        strict=True))
         self.prefixes = tuple(column_prefix(c.name, type_name) for c, type_name
                               in zip(columns, self.relation.type_names, strict=True))
         names = [c.name for c in columns]
         self.key_index = tuple(names.index(k) for k in self.keys)  # the merger's key order
         self.bus_index = tuple(sorted(self.key_index))  # `bus_key`: the row's column order
+
+
+def _py_chunk_rows(raw_rows: list[tuple[str | None, ...]], kinds: bytes,
+                   encoders: tuple[Encoder, ...], prefixes: tuple[bytes, ...],
+                   key_index: tuple[int, ...], bus_index: tuple[int, ...], head: bytes
+                   ) -> dict[Key, ReadRow]:
+    """A chunk's rows from the server's text: {key: (bus key, serialized Row)}. The
+    reference of `_cwire.pg_chunk_rows` (`kinds` is its fast path; the same bytes)."""
+    rows: dict[Key, ReadRow] = {}
+    for raw in raw_rows:
+        values = [NULL if text is None else encode(text)
+                  for encode, text in zip(encoders, raw, strict=True)]
+        rows[tuple([values[i] for i in key_index])] = (
+            b"\x00".join([head, *[values[i] for i in bus_index]]),
+            row_bytes(prefixes, values))
+    return rows
+
+
+chunk_rows: Callable[[list[tuple[str | None, ...]], bytes, tuple[Encoder, ...],
+                      tuple[bytes, ...], tuple[int, ...], tuple[int, ...], bytes],
+                     dict[Key, ReadRow]] = cwire.pg_chunk_rows if cwire else _py_chunk_rows
 
 
 class PostgresChunks:
@@ -228,16 +252,9 @@ class PostgresChunks:
                                database=self.database, schema=table.schema, table=table.name,
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
         head = bus_key_of(self.database, table.schema, table.name, [])
-        encoders, prefixes = table.encoders, table.prefixes
-        key_index, bus_index = table.key_index, table.bus_index
-        rows: dict[Key, ReadRow] = {}
-        for raw in raw_rows:
-            values = [NULL if text is None else encode(text)
-                      for encode, text in zip(encoders, raw, strict=True)]
-            rows[tuple([values[i] for i in key_index])] = (
-                b"\x00".join([head, *[values[i] for i in bus_index]]),
-                row_bytes(prefixes, values))
-        cursor = [raw_rows[-1][i] for i in key_index] if raw_rows else None
+        rows = chunk_rows(raw_rows, table.kinds, table.encoders, table.prefixes,
+                          table.key_index, table.bus_index, head)
+        cursor = [raw_rows[-1][i] for i in table.key_index] if raw_rows else None
         return ChunkRows(template, rows, cursor, more,
                          hidden={str(x & 0xFFFFFFFF) for x in running},
                          hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},

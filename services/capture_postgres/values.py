@@ -35,6 +35,7 @@ __all__ = [
     "array_converter",
     "converter_for",
     "encoder_for",
+    "kind_for",
     "parse_array",
 ]
 
@@ -290,6 +291,18 @@ _ENCODERS: dict[Converter, Encoder] = {
     _text: _text_value, Json: _json_value, uuid.UUID: _uuid_value,
     _timestamp: _timestamp_value,
 }
+
+
+# The C encoder's fast path per converter (`_cwire.pg_values`, `pg_chunk_rows`): what it
+# writes for a well-formed text equals the Python encoder's; anything else it hands to it.
+_KINDS: dict[Converter, int] = {
+    int: 1, _bool: 2, _text: 3, Json: 4, uuid.UUID: 5, _timestamp: 6, Decimal: 7,
+}
+
+
+def kind_for(type_oid: int, custom_name: str | None = None) -> int:
+    """The C encoder's kind for a column type; 0: the Python encoder decides every value."""
+    return _KINDS.get(converter_for(type_oid, custom_name), 0)
 
 
 def encoder_for(type_oid: int, custom_name: str | None = None) -> Encoder:

@@ -12,8 +12,11 @@ import pytest
 
 from tailrace.events import UNCHANGED_TOAST, Column, Row, value_of
 from tailrace.events._values import Json
+from tailrace.events import _wire
 from tailrace.events._wire import (
+    PURE_PYTHON,
     column_prefix,
+    cwire,
     row_bytes,
     value_bool,
     value_bytes,
@@ -23,7 +26,9 @@ from tailrace.events._wire import (
     value_timestamp,
     varint,
 )
-from tailrace_services.capture_postgres.values import converter_for, encoder_for
+from tailrace_services.capture.snapshot import records
+from tailrace_services.capture_postgres import snapshot as pg_snapshot
+from tailrace_services.capture_postgres.values import converter_for, encoder_for, kind_for
 
 INTS = [0, 1, -1, 63, 64, -64, -65, 127, 128, 300, -300, 2**31, -(2**31), 2**62, 2**63 - 1,
         -(2**63), 2**63, 2**64 - 1]
@@ -124,3 +129,97 @@ PYTHON_VALUES: list[Any] = [
 def test_python_values_as_value_of_serializes_them() -> None:
     for obj in PYTHON_VALUES:
         assert value_bytes(obj) == value_of(obj).SerializeToString(), repr(obj)
+
+
+# -- The C twins (`_cwire`, built by setup.py) give the Python reference's bytes ----------
+
+def test_the_c_encoder_is_built() -> None:
+    """`make setup` compiles it; without it capture is ~2x slower (docs/performance.md)."""
+    assert _wire.ACCELERATED, "tailrace.events._cwire is not built: run `make setup`"
+
+
+@pytest.mark.parametrize("n", [*INTS, -(2**63) - 1, 2**64, 2**70 + 5, -(2**70)])
+def test_c_varint(n: int) -> None:
+    assert cwire.varint(n) == PURE_PYTHON["varint"](n)
+
+
+@pytest.mark.parametrize("n", [*INTS, 2**64, -(2**63) - 1])
+def test_c_value_int(n: int) -> None:
+    try:
+        expected = PURE_PYTHON["value_int"](n)
+    except ValueError as e:
+        with pytest.raises(ValueError, match="out of range"):
+            cwire.value_int(n)
+        assert "out of range" in str(e)
+        return
+    assert cwire.value_int(n) == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 300_000])
+@pytest.mark.parametrize("tag", [1, 15, 16, 21, 2047, 2048])
+def test_c_length_prefixed(tag: int, size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    assert cwire.length_prefixed(tag, data) == PURE_PYTHON["length_prefixed"](tag, data)
+
+
+def test_c_row_bytes() -> None:
+    prefixes = [column_prefix("id", "bigint"), column_prefix("x" * 150, "text")]
+    for values in ([b"\x20\x02", b"\x42\x00"], [b"", b"\x42" + b"y" * 200], [b"\x08\x01"] * 2):
+        assert cwire.row_bytes(prefixes, values) == PURE_PYTHON["row_bytes"](prefixes, values)
+    with pytest.raises(ValueError):
+        cwire.row_bytes(prefixes, [b""])
+
+
+# texts whose kind the C side reads itself, next to ones it must hand back to Python
+PG_C_SAMPLES: dict[int, list[str]] = {
+    **PG_SAMPLES,
+    20: [*PG_SAMPLES[20], "-0", "123456789012345678", "-123456789012345678",
+         "1234567890123456789", "-"],
+    1700: [*PG_SAMPLES[1700], "-0", "0.00", "0.000001", "0.0000010", "0.0000000", "100",
+           "-0.0000001", "12345678901234567890.123", "-Infinity", "1.5e3"],
+    1114: [*PG_SAMPLES[1114], "2024-02-29 00:00:00", "2023-02-29 00:00:00", "0001-01-01 00:00:00",
+           "9999-12-31 23:59:59.999999", "2026-11-24 07:30:01.5", "2026-11-24 07:30:01.",
+           "12026-11-24 07:30:01", "2026-11-24T07:30:01", "2026-11-24 24:00:00"],
+    1184: [*PG_SAMPLES[1184], "1969-12-31 23:59:59.999999+00", "2026-11-24 07:30:01+14",
+           "2026-11-24 07:30:01-12:30", "0001-01-01 00:00:00+00", "2026-11-24 07:30:01+5",
+           "2026-11-24 07:30:01+05:", "2026-11-24 07:30:01.1234567+00"],
+}
+
+
+@pytest.mark.parametrize("oid", sorted(PG_C_SAMPLES))
+def test_c_postgres_values(oid: int) -> None:
+    encode, kind = encoder_for(oid), kind_for(oid)
+    for text in PG_C_SAMPLES[oid]:
+        try:
+            expected = encode(text)
+        except ValueError:
+            with pytest.raises(ValueError):
+                cwire.pg_values(bytes([kind]), (encode,), [text])
+            continue
+        assert cwire.pg_values(bytes([kind]), (encode,), [text]) == [expected], (oid, text)
+
+
+def test_c_postgres_chunk_rows() -> None:
+    oids = [20, 25, 1184, 1700, 16, 2950, 3802, 1186]
+    kinds = bytes(kind_for(o) for o in oids)
+    encoders = tuple(encoder_for(o) for o in oids)
+    prefixes = tuple(column_prefix(f"c{o}", "t") for o in oids)
+    rows = [("1", "a", "2026-11-24 07:30:01+00", "1.50", "t", str(uuid.UUID(int=1)), "{}",
+             "1 day"),
+            ("2", None, "infinity", "NaN", "f", None, None, None),
+            ("-3", "é" * 300, None, "0.0000001", None, str(uuid.UUID(int=2)), "[1]", "00:01:00")]
+    head = b"db\x00public\x00t"
+    for key_index, bus_index in (((0,), (0,)), ((1, 0), (0, 1))):
+        args = (rows, kinds, encoders, prefixes, key_index, bus_index, head)
+        assert cwire.pg_chunk_rows(*args) == pg_snapshot._py_chunk_rows(*args)
+
+
+def test_c_read_records() -> None:
+    rows = [((b"k%d" % i,), (b"bus%d" % i, b"\x0a\x05row%d" % i)) for i in range(300)]
+    read_rows = [row for _, row in rows]
+    eids = [str(uuid.UUID(int=i)) for i in range(300)]
+    for last in (True, False):
+        for n in (0, 1, 2, 300):
+            args = (b"common" * 30, b"\x08\x07", b"\x08\x03\x10\x01", last, b"t|db.x|tx|",
+                    eids[:n], read_rows[:n])
+            assert cwire.read_records(*args) == records._py_bus_records(*args)

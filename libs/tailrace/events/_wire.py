@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +23,7 @@ from tailrace.events._values import Json, value_of
 __all__ = [
     "NULL",
     "column_prefix",
+    "cwire",
     "field_bytes",
     "length_prefixed",
     "row_bytes",
@@ -36,6 +37,13 @@ __all__ = [
     "varint",
 ]
 
+try:  # the hot loops in C (setup.py builds `_cwire`); the Python here is the reference
+    from tailrace.events import _cwire as cwire
+except ImportError:  # not built (no compiler): the same bytes, slower; capture logs which
+    cwire = None  # type: ignore[assignment]
+
+ACCELERATED = cwire is not None
+
 _SMALL = [bytes([n]) for n in range(128)]
 _INT64 = (1 << 64) - 1
 
@@ -43,7 +51,7 @@ NULL = b"\x08\x01"  # Value.null = true
 _TRUE, _FALSE = b"\x18\x01", b"\x18\x00"  # Value.bool_value
 
 
-def varint(n: int) -> bytes:
+def _py_varint(n: int) -> bytes:
     """An unsigned varint; negative int64/int32 values as their 64-bit two's complement."""
     if 0 <= n < 128:
         return _SMALL[n]
@@ -56,11 +64,17 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def length_prefixed(tag: int, data: bytes) -> bytes:
+varint: Callable[[int], bytes] = cwire.varint if cwire else _py_varint
+
+
+def _py_length_prefixed(tag: int, data: bytes) -> bytes:
     """Field `tag` (wire type 2) holding `data`."""
     size = len(data)
     return (_SMALL[tag << 3 | 2] if tag < 16 else varint(tag << 3 | 2)) + (
         _SMALL[size] if size < 128 else varint(size)) + data
+
+
+length_prefixed: Callable[[int, bytes], bytes] = cwire.length_prefixed if cwire else _py_length_prefixed
 
 
 def field_bytes(tag: int, data: bytes | str) -> bytes:
@@ -71,7 +85,7 @@ def field_bytes(tag: int, data: bytes | str) -> bytes:
 
 # -- Values: each returns the serialized `Value` with one kind set -------------------------
 
-def value_int(n: int) -> bytes:
+def _py_value_int(n: int) -> bytes:
     """`value_of(int)`: sint64 (zigzag) below 2**63, else uint64; out of both ranges a
     ValueError, as upb raises (varint would truncate)."""
     if n >= 1 << 63:
@@ -81,6 +95,9 @@ def value_int(n: int) -> bytes:
     if n < -(1 << 63):
         raise ValueError(f"integer {n} is out of range for a Value (int64)")
     return b"\x20" + varint((n << 1) ^ (n >> 63))
+
+
+value_int: Callable[[int], bytes] = cwire.value_int if cwire else _py_value_int
 
 
 def value_bool(flag: bool) -> bytes:
@@ -160,7 +177,7 @@ def column_prefix(name: str, type_name: str) -> bytes:
     return field_bytes(1, name) + field_bytes(2, type_name) + b"\x1a"
 
 
-def row_bytes(prefixes: Sequence[bytes], values: Iterable[bytes]) -> bytes:
+def _py_row_bytes(prefixes: Sequence[bytes], values: Sequence[bytes]) -> bytes:
     """A serialized `Row`: each column's prefix (`column_prefix`) with its serialized
     `Value`."""
     parts = []
@@ -170,3 +187,11 @@ def row_bytes(prefixes: Sequence[bytes], values: Iterable[bytes]) -> bytes:
         size = len(column)
         parts.append(b"\x0a" + (_SMALL[size] if size < 128 else varint(size)) + column)
     return b"".join(parts)
+
+
+row_bytes: Callable[[Sequence[bytes], Sequence[bytes]], bytes] = (
+    cwire.row_bytes if cwire else _py_row_bytes)
+
+# the reference of each C twin (tests/unit/test_wire.py compares them)
+PURE_PYTHON = {"varint": _py_varint, "length_prefixed": _py_length_prefixed,
+               "value_int": _py_value_int, "row_bytes": _py_row_bytes}

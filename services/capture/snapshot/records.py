@@ -10,10 +10,10 @@ published before, at a fraction of the cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tailrace.events import ChangeEvent, Position, event_id
-from tailrace.events._wire import length_prefixed, varint
+from tailrace.events._wire import cwire, length_prefixed, varint
 from tailrace.proto.event_pb2 import SnapshotMark
 from tailrace_services.capture.assembler import Prepared
 from tailrace_services.capture.snapshot.chunks import ReadRow
@@ -45,23 +45,38 @@ def read_transaction(template: ChangeEvent, rows: Sequence[ReadRow], *, source_i
     table = f"{template.schema}.{template.table}" if template.schema else template.table
     idempotency = f"{tenant}|{template.database}.{table}|{tx_id}|"
     native_tx, ts_ms = f"{position.tx_seq:X}", ts_us // 1000
-    records: list[tuple[bytes, bytes]] = []
-    append = records.append
-    for index, (key, row) in enumerate(rows):
-        eid = event_id(source_id, native_tx, index, ts_ms)
-        ending = index == size - 1
-        body = b"".join((
-            common,
-            length_prefixed(1, eid.encode()),
-            b"\x68" + varint(index) if index else b"",  # tx_index (13)
-            _TX_END if ending else b"",
-            length_prefixed(16, where + b"\x10" + varint(index) if index else where),
-            length_prefixed(21, (idempotency + eid).encode()),
-            length_prefixed(9, row),  # after
-            length_prefixed(23, mark + _LAST if ending and last else mark),
-        ))
-        append((key, length_prefixed(1, body)))  # BusRecord.event
+    eids = [event_id(source_id, native_tx, index, ts_ms) for index in range(size)]
+    records = bus_records(common, where, mark, last, idempotency.encode(), eids, rows)
     ending_at = Position()
     ending_at.CopyFrom(at)
     ending_at.event_index = size - 1
     return Prepared(records, position, ending_at, ts_us, tx_id)
+
+
+def _py_bus_records(common: bytes, where: bytes, mark: bytes, last: bool, idempotency: bytes,
+                    eids: Sequence[str], rows: Sequence[ReadRow]) -> list[tuple[bytes, bytes]]:
+    """Each row's record: `common` plus the fields that differ per event. The reference of
+    `_cwire.read_records` (the same bytes)."""
+    size = len(rows)
+    records: list[tuple[bytes, bytes]] = []
+    append = records.append
+    for index, ((key, row), eid) in enumerate(zip(rows, eids, strict=True)):
+        ending = index == size - 1
+        raw_id = eid.encode()
+        body = b"".join((
+            common,
+            length_prefixed(1, raw_id),
+            b"\x68" + varint(index) if index else b"",  # tx_index (13)
+            _TX_END if ending else b"",
+            length_prefixed(16, where + b"\x10" + varint(index) if index else where),
+            length_prefixed(21, idempotency + raw_id),
+            length_prefixed(9, row),  # after
+            length_prefixed(23, mark + _LAST if ending and last else mark),
+        ))
+        append((key, length_prefixed(1, body)))  # BusRecord.event
+    return records
+
+
+bus_records: Callable[[bytes, bytes, bytes, bool, bytes, Sequence[str], Sequence[ReadRow]],
+                      list[tuple[bytes, bytes]]] = (
+    cwire.read_records if cwire else _py_bus_records)

@@ -1,0 +1,571 @@
+/* The hot loops of `_wire.py` in C: the same bytes, without a Python call per value.
+ *
+ * Each function here has a pure-Python twin in `_wire.py` (or the module that uses it);
+ * tests/unit/test_wire.py holds each pair to byte-identical output. Anything the fast
+ * paths do not recognise goes to the Python twin (a `fallback` callable), so the C side
+ * only ever handles input whose encoding it knows exactly.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* -- A growable byte buffer ------------------------------------------------------------ */
+
+typedef struct {
+    char *data;
+    Py_ssize_t size;
+    Py_ssize_t cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t more) {
+    if (b->size + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->size + more) cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) { PyErr_NoMemory(); return -1; }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const char *src, Py_ssize_t n) {
+    if (buf_grow(b, n) < 0) return -1;
+    memcpy(b->data + b->size, src, n);
+    b->size += n;
+    return 0;
+}
+
+static int varint_len(uint64_t n) {
+    int len = 1;
+    while (n > 0x7F) { n >>= 7; len++; }
+    return len;
+}
+
+static char *varint_write(char *out, uint64_t n) {
+    while (n > 0x7F) { *out++ = (char)((n & 0x7F) | 0x80); n >>= 7; }
+    *out++ = (char)n;
+    return out;
+}
+
+static int buf_varint(Buf *b, uint64_t n) {
+    if (buf_grow(b, 10) < 0) return -1;
+    b->size = varint_write(b->data + b->size, n) - b->data;
+    return 0;
+}
+
+/* a length-delimited field: key (tag, wire type 2), size, data */
+static int buf_field(Buf *b, uint32_t tag, const char *data, Py_ssize_t n) {
+    if (buf_varint(b, ((uint64_t)tag << 3) | 2) < 0 || buf_varint(b, (uint64_t)n) < 0) return -1;
+    return buf_put(b, data, n);
+}
+
+static PyObject *buf_bytes(Buf *b) {
+    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", b->size);
+    b->size = 0;
+    return out;
+}
+
+static void buf_free(Buf *b) { PyMem_Free(b->data); b->data = NULL; b->size = b->cap = 0; }
+
+/* -- Varints and fields ---------------------------------------------------------------- */
+
+static PyObject *py_varint(PyObject *self, PyObject *arg) {
+    uint64_t n = PyLong_AsUnsignedLongLongMask(arg);  /* as `n & (2**64 - 1)` */
+    if (n == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    char out[10];
+    return PyBytes_FromStringAndSize(out, varint_write(out, n) - out);
+}
+
+static PyObject *py_length_prefixed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "length_prefixed(tag, data)"); return NULL; }
+    long tag = PyLong_AsLong(args[0]);
+    if (tag == -1 && PyErr_Occurred()) return NULL;
+    char *data; Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(args[1], &data, &n) < 0) return NULL;
+    Py_ssize_t head = varint_len(((uint64_t)tag << 3) | 2) + varint_len((uint64_t)n);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, head + n);
+    if (out == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    p = varint_write(p, ((uint64_t)tag << 3) | 2);
+    p = varint_write(p, (uint64_t)n);
+    memcpy(p, data, n);
+    return out;
+}
+
+/* -- Values ---------------------------------------------------------------------------- */
+
+/* Value.sint_value (4, zigzag) below 2**63, Value.uint_value (5) up to 2**64 - 1 */
+static int buf_value_int(Buf *b, int64_t n) {
+    if (buf_put(b, "\x20", 1) < 0) return -1;
+    return buf_varint(b, ((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
+}
+
+static int buf_value_pylong(Buf *b, PyObject *obj) {
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    if (!overflow) return buf_value_int(b, n);
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "integer %R is out of range for a Value (uint64)", obj);
+            return -1;
+        }
+        if (buf_put(b, "\x28", 1) < 0) return -1;
+        return buf_varint(b, u);
+    }
+    PyErr_Format(PyExc_ValueError, "integer %R is out of range for a Value (int64)", obj);
+    return -1;
+}
+
+static PyObject *py_value_int(PyObject *self, PyObject *arg) {
+    if (!PyLong_Check(arg)) { PyErr_SetString(PyExc_TypeError, "value_int(int)"); return NULL; }
+    Buf b = {0};
+    if (buf_value_pylong(&b, arg) < 0) { buf_free(&b); return NULL; }
+    PyObject *out = buf_bytes(&b);
+    buf_free(&b);
+    return out;
+}
+
+static int buf_value_string(Buf *b, uint32_t tag, PyObject *text) {
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+    if (utf8 == NULL) return -1;
+    return buf_field(b, tag, utf8, n);
+}
+
+/* Days from 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's days_from_civil). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
+    y -= m <= 2;
+    const int64_t era = (y >= 0 ? y : y - 399) / 400;
+    const unsigned yoe = (unsigned)(y - era * 400);
+    const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+static int digits(const char *s, int n, int *out) {
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+static int days_in_month(int y, int m) {
+    static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m == 2 && (y % 4 == 0 && (y % 100 != 0 || y % 400 == 0))) return 29;
+    return days[m - 1];
+}
+
+/* PostgreSQL's ISO text of a timestamp[tz] ("2026-11-24 10:34:05.123456+05:30") as
+ * microseconds since the epoch; 0 when it is anything else (BC, infinity, a 5-digit
+ * year...): the caller's Python encoder decides then. */
+static int parse_pg_timestamp(const char *s, Py_ssize_t n, int64_t *micros, int *aware) {
+    int y, mo, d, h, mi, sec, frac = 0;
+    if (n < 19 || s[4] != '-' || s[7] != '-' || s[10] != ' ' || s[13] != ':' || s[16] != ':')
+        return 0;
+    if (digits(s, 4, &y) || digits(s + 5, 2, &mo) || digits(s + 8, 2, &d) ||
+        digits(s + 11, 2, &h) || digits(s + 14, 2, &mi) || digits(s + 17, 2, &sec))
+        return 0;
+    if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 ||
+        sec > 59)
+        return 0;
+    Py_ssize_t i = 19;
+    if (i < n && s[i] == '.') {
+        int k = 0;
+        i++;
+        while (i < n && s[i] >= '0' && s[i] <= '9' && k < 6) { frac = frac * 10 + (s[i] - '0'); i++; k++; }
+        if (k == 0 || (i < n && s[i] >= '0' && s[i] <= '9')) return 0;
+        for (; k < 6; k++) frac *= 10;
+    }
+    int64_t offset = 0;
+    *aware = 0;
+    if (i < n) {
+        if (s[i] != '+' && s[i] != '-') return 0;
+        int sign = s[i] == '-' ? -1 : 1, oh, om = 0, os = 0;
+        i++;
+        if (i + 2 > n || digits(s + i, 2, &oh)) return 0;
+        i += 2;
+        if (i < n) {
+            if (s[i] != ':' || i + 3 > n || digits(s + i + 1, 2, &om)) return 0;
+            i += 3;
+        }
+        if (i < n) {
+            if (s[i] != ':' || i + 3 > n || digits(s + i + 1, 2, &os)) return 0;
+            i += 3;
+        }
+        if (i != n || oh > 23 || om > 59 || os > 59) return 0;
+        offset = sign * (oh * 3600 + om * 60 + os);
+        *aware = 1;
+    }
+    int64_t seconds = days_from_civil(y, (unsigned)mo, (unsigned)d) * 86400 + h * 3600 + mi * 60 + sec
+                      - offset;
+    *micros = seconds * 1000000 + frac;
+    return 1;
+}
+
+/* Value.timestamp_value (11): Timestamp{micros (1), with_zone (2)} */
+static int buf_value_timestamp(Buf *b, int64_t micros, int aware) {
+    char inner[16], *p = inner;
+    if (micros) { *p++ = 0x08; p = varint_write(p, (uint64_t)micros); }
+    if (aware) { *p++ = 0x10; *p++ = 0x01; }
+    if (buf_put(b, "\x5a", 1) < 0 || buf_varint(b, (uint64_t)(p - inner)) < 0) return -1;
+    return buf_put(b, inner, p - inner);
+}
+
+/* PostgreSQL's numeric text, passed through when str(Decimal(text)) spells it the same:
+ * plain digits whose adjusted exponent is at least -6 (below it Decimal switches to
+ * E-notation). */
+static int pg_numeric_plain(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0, first = -1, point = -1, count = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i == n) return 0;
+    for (; i < n; i++) {
+        if (s[i] == '.') { if (point >= 0) return 0; point = i; continue; }
+        if (s[i] < '0' || s[i] > '9') return 0;
+        if (first < 0 && s[i] != '0') first = i;
+        count++;
+    }
+    if (count == 0 || s[n - 1] == '.' || s[s[0] == '-'] == '.') return 0;
+    Py_ssize_t frac = point >= 0 ? n - point - 1 : 0;
+    Py_ssize_t lead = s[0] == '-' ? 1 : 0;
+    if (lead < n - 1 && s[lead] == '0' && s[lead + 1] != '.') return 0;  /* "007" */
+    Py_ssize_t significant;
+    if (first < 0) significant = 1;  /* zero: one digit */
+    else {
+        significant = 0;
+        for (Py_ssize_t j = first; j < n; j++) if (s[j] != '.') significant++;
+    }
+    return -frac + significant - 1 >= -6;
+}
+
+enum {
+    K_OTHER = 0, K_INT = 1, K_BOOL = 2, K_TEXT = 3, K_JSON = 4, K_UUID = 5, K_TIMESTAMP = 6,
+    K_NUMERIC = 7
+};
+
+/* One column's value from the server's text; `fallback` for what the fast paths skip. */
+static int buf_pg_value(Buf *b, char kind, PyObject *text, PyObject *fallback) {
+    if (text == Py_None) return buf_put(b, "\x08\x01", 2);
+    Py_ssize_t n;
+    const char *s;
+    switch (kind) {
+    case K_INT: {
+        s = PyUnicode_AsUTF8AndSize(text, &n);
+        if (s == NULL) return -1;
+        if (n > 0 && n < 19) {  /* fits an int64 without overflow checks */
+            Py_ssize_t i = s[0] == '-' ? 1 : 0;
+            int64_t v = 0;
+            if (i < n) {
+                for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) v = v * 10 + (s[i] - '0');
+                if (i == n) return buf_value_int(b, s[0] == '-' ? -v : v);
+            }
+        }
+        break;
+    }
+    case K_BOOL:
+        s = PyUnicode_AsUTF8AndSize(text, &n);
+        if (s == NULL) return -1;
+        return buf_put(b, n == 1 && s[0] == 't' ? "\x18\x01" : "\x18\x00", 2);
+    case K_TEXT: return buf_value_string(b, 8, text);
+    case K_JSON: return buf_value_string(b, 10, text);
+    case K_UUID: return buf_value_string(b, 15, text);
+    case K_TIMESTAMP: {
+        int64_t micros; int aware;
+        s = PyUnicode_AsUTF8AndSize(text, &n);
+        if (s == NULL) return -1;
+        if (parse_pg_timestamp(s, n, &micros, &aware)) return buf_value_timestamp(b, micros, aware);
+        break;
+    }
+    case K_NUMERIC:
+        s = PyUnicode_AsUTF8AndSize(text, &n);
+        if (s == NULL) return -1;
+        if (pg_numeric_plain(s, n)) return buf_field(b, 7, s, n);
+        break;
+    }
+    PyObject *encoded = PyObject_CallOneArg(fallback, text);
+    if (encoded == NULL) return -1;
+    char *data; Py_ssize_t size;
+    int rc = PyBytes_AsStringAndSize(encoded, &data, &size);
+    if (rc == 0) rc = buf_put(b, data, size);
+    Py_DECREF(encoded);
+    return rc;
+}
+
+/* pg_values(kinds, fallbacks, texts) -> [Value bytes] */
+static PyObject *py_pg_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pg_values(kinds: bytes, fallbacks: tuple, texts)");
+        return NULL;
+    }
+    const char *kinds = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t columns = PyBytes_GET_SIZE(args[0]);
+    PyObject *texts = PySequence_Fast(args[2], "texts must be a sequence");
+    if (texts == NULL) return NULL;
+    if (PySequence_Fast_GET_SIZE(texts) != columns || PyTuple_GET_SIZE(args[1]) != columns) {
+        Py_DECREF(texts);
+        PyErr_SetString(PyExc_ValueError, "kinds, fallbacks and texts differ in length");
+        return NULL;
+    }
+    PyObject *out = PyList_New(columns);
+    Buf b = {0};
+    for (Py_ssize_t c = 0; out != NULL && c < columns; c++) {
+        if (buf_pg_value(&b, kinds[c], PySequence_Fast_GET_ITEM(texts, c),
+                         PyTuple_GET_ITEM(args[1], c)) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *value = buf_bytes(&b);
+        if (value == NULL) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, c, value);
+    }
+    buf_free(&b);
+    Py_DECREF(texts);
+    return out;
+}
+
+/* -- Rows ------------------------------------------------------------------------------ */
+
+/* Row.columns (1): Column{prefix (name, type, value tag), size, value} */
+static int buf_column(Buf *b, PyObject *prefix, const char *value, Py_ssize_t n) {
+    Py_ssize_t p = PyBytes_GET_SIZE(prefix);
+    Py_ssize_t column = p + varint_len((uint64_t)n) + n;
+    if (buf_put(b, "\x0a", 1) < 0 || buf_varint(b, (uint64_t)column) < 0 ||
+        buf_put(b, PyBytes_AS_STRING(prefix), p) < 0 || buf_varint(b, (uint64_t)n) < 0)
+        return -1;
+    return buf_put(b, value, n);
+}
+
+static PyObject *py_row_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "row_bytes(prefixes, values)"); return NULL; }
+    PyObject *prefixes = PySequence_Fast(args[0], "prefixes must be a sequence");
+    if (prefixes == NULL) return NULL;
+    PyObject *values = PySequence_Fast(args[1], "values must be a sequence");
+    if (values == NULL) { Py_DECREF(prefixes); return NULL; }
+    PyObject *out = NULL;
+    Buf b = {0};
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(prefixes);
+    if (PySequence_Fast_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_ValueError, "row_bytes: prefixes and values differ in length");
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < n; c++) {
+        PyObject *prefix = PySequence_Fast_GET_ITEM(prefixes, c);
+        PyObject *value = PySequence_Fast_GET_ITEM(values, c);
+        if (!PyBytes_Check(prefix) || !PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "row_bytes: prefixes and values must be bytes");
+            goto done;
+        }
+        if (buf_column(&b, prefix, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)) < 0)
+            goto done;
+    }
+    out = buf_bytes(&b);
+done:
+    buf_free(&b);
+    Py_DECREF(prefixes);
+    Py_DECREF(values);
+    return out;
+}
+
+/* pg_chunk_rows(raw_rows, kinds, fallbacks, prefixes, key_index, bus_index, head)
+ *   -> {key: (bus_key, row)}: a snapshot chunk's rows (capture_postgres/snapshot.py). */
+static PyObject *py_pg_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyBytes_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5]) ||
+        !PyBytes_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "pg_chunk_rows(list, bytes, tuple, tuple, tuple, tuple, bytes)");
+        return NULL;
+    }
+    PyObject *raw_rows = args[0], *fallbacks = args[2], *prefixes = args[3];
+    PyObject *key_index = args[4], *bus_index = args[5], *head = args[6];
+    const char *kinds = PyBytes_AS_STRING(args[1]);
+    Py_ssize_t columns = PyBytes_GET_SIZE(args[1]);
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(key_index), nbus = PyTuple_GET_SIZE(bus_index);
+    if (PyTuple_GET_SIZE(fallbacks) != columns || PyTuple_GET_SIZE(prefixes) != columns) {
+        PyErr_SetString(PyExc_ValueError, "pg_chunk_rows: kinds, fallbacks, prefixes differ in length");
+        return NULL;
+    }
+    Py_ssize_t *keys = PyMem_Calloc((size_t)(nkeys + nbus + 1), sizeof(Py_ssize_t));
+    Py_ssize_t *starts = PyMem_Calloc((size_t)columns + 1, sizeof(Py_ssize_t));
+    PyObject *out = PyDict_New();
+    Buf values = {0}, row = {0};
+    if (keys == NULL || starts == NULL || out == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < nkeys + nbus; k++) {
+        PyObject *index = PyTuple_GET_ITEM(k < nkeys ? key_index : bus_index, k < nkeys ? k : k - nkeys);
+        keys[k] = PyLong_AsSsize_t(index);
+        if (keys[k] < 0 || keys[k] >= columns) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "pg_chunk_rows: key index");
+            goto fail;
+        }
+    }
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(raw_rows); r++) {
+        PyObject *raw = PyList_GET_ITEM(raw_rows, r);
+        if (!PyTuple_Check(raw) || PyTuple_GET_SIZE(raw) != columns) {
+            PyErr_SetString(PyExc_ValueError, "pg_chunk_rows: a row is not a tuple of the columns");
+            goto fail;
+        }
+        values.size = 0;
+        for (Py_ssize_t c = 0; c < columns; c++) {
+            starts[c] = values.size;
+            if (buf_pg_value(&values, kinds[c], PyTuple_GET_ITEM(raw, c),
+                             PyTuple_GET_ITEM(fallbacks, c)) < 0)
+                goto fail;
+        }
+        starts[columns] = values.size;
+        row.size = 0;
+        for (Py_ssize_t c = 0; c < columns; c++)
+            if (buf_column(&row, PyTuple_GET_ITEM(prefixes, c), values.data + starts[c],
+                           starts[c + 1] - starts[c]) < 0)
+                goto fail;
+        PyObject *key = PyTuple_New(nkeys);
+        if (key == NULL) goto fail;
+        for (Py_ssize_t k = 0; k < nkeys; k++) {
+            Py_ssize_t c = keys[k];
+            PyObject *part = PyBytes_FromStringAndSize(values.data + starts[c], starts[c + 1] - starts[c]);
+            if (part == NULL) { Py_DECREF(key); goto fail; }
+            PyTuple_SET_ITEM(key, k, part);
+        }
+        Py_ssize_t bus_size = PyBytes_GET_SIZE(head) + nbus;  /* head, then "\0" + each value */
+        for (Py_ssize_t k = nkeys; k < nkeys + nbus; k++) bus_size += starts[keys[k] + 1] - starts[keys[k]];
+        PyObject *bus = PyBytes_FromStringAndSize(NULL, bus_size);
+        PyObject *encoded = bus ? PyBytes_FromStringAndSize(row.data, row.size) : NULL;
+        if (encoded == NULL) { Py_XDECREF(bus); Py_DECREF(key); goto fail; }
+        char *p = PyBytes_AS_STRING(bus);
+        memcpy(p, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head));
+        p += PyBytes_GET_SIZE(head);
+        for (Py_ssize_t k = nkeys; k < nkeys + nbus; k++) {
+            Py_ssize_t c = keys[k];
+            *p++ = '\0';
+            memcpy(p, values.data + starts[c], starts[c + 1] - starts[c]);
+            p += starts[c + 1] - starts[c];
+        }
+        PyObject *pair = PyTuple_Pack(2, bus, encoded);
+        Py_DECREF(bus);
+        Py_DECREF(encoded);
+        if (pair == NULL) { Py_DECREF(key); goto fail; }
+        int rc = PyDict_SetItem(out, key, pair);
+        Py_DECREF(key);
+        Py_DECREF(pair);
+        if (rc < 0) goto fail;
+    }
+    buf_free(&values);
+    buf_free(&row);
+    PyMem_Free(keys);
+    PyMem_Free(starts);
+    return out;
+fail:
+    buf_free(&values);
+    buf_free(&row);
+    PyMem_Free(keys);
+    PyMem_Free(starts);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* -- A snapshot chunk's read transaction (capture/snapshot/records.py) ------------------ */
+
+static int bytes_of(PyObject *obj, const char **data, Py_ssize_t *n) {
+    if (PyBytes_Check(obj)) { *data = PyBytes_AS_STRING(obj); *n = PyBytes_GET_SIZE(obj); return 0; }
+    if (PyUnicode_Check(obj)) { *data = PyUnicode_AsUTF8AndSize(obj, n); return *data ? 0 : -1; }
+    PyErr_SetString(PyExc_TypeError, "read_records: expected bytes or str");
+    return -1;
+}
+
+/* read_records(common, where, mark, last, idempotency, eids, rows) -> [(key, record)] */
+static PyObject *py_read_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2]) ||
+        !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "read_records(bytes, bytes, bytes, bool, bytes, eids, rows)");
+        return NULL;
+    }
+    PyObject *common = args[0], *where = args[1], *mark = args[2], *idempotency = args[4];
+    int last = PyObject_IsTrue(args[3]);
+    if (last < 0) return NULL;
+    PyObject *eids = PySequence_Fast(args[5], "eids must be a sequence");
+    if (eids == NULL) return NULL;
+    PyObject *rows = PySequence_Fast(args[6], "rows must be a sequence");
+    if (rows == NULL) { Py_DECREF(eids); return NULL; }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(rows);
+    PyObject *out = NULL;
+    Buf body = {0}, inner = {0}, record = {0};
+    if (PySequence_Fast_GET_SIZE(eids) != size) {
+        PyErr_SetString(PyExc_ValueError, "read_records: eids and rows differ in length");
+        goto done;
+    }
+    out = PyList_New(size);
+    if (out == NULL) goto done;
+    for (Py_ssize_t index = 0; index < size; index++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(rows, index);
+        const char *eid, *row;
+        Py_ssize_t eid_n, row_n;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            bytes_of(PySequence_Fast_GET_ITEM(eids, index), &eid, &eid_n) < 0 ||
+            bytes_of(PyTuple_GET_ITEM(pair, 1), &row, &row_n) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "read_records: rows are (key, row)");
+            goto fail;
+        }
+        int ending = index == size - 1;
+        body.size = 0;
+        if (buf_put(&body, PyBytes_AS_STRING(common), PyBytes_GET_SIZE(common)) < 0 ||
+            buf_field(&body, 1, eid, eid_n) < 0)  /* id */
+            goto fail;
+        if (index && (buf_put(&body, "\x68", 1) < 0 || buf_varint(&body, (uint64_t)index) < 0))
+            goto fail;  /* tx_index (13) */
+        if (ending && buf_put(&body, "\x78\x01", 2) < 0) goto fail;  /* tx_end (15) */
+        inner.size = 0;  /* position (16): the watermark's, event_index (2) = index */
+        if (buf_put(&inner, PyBytes_AS_STRING(where), PyBytes_GET_SIZE(where)) < 0) goto fail;
+        if (index && (buf_put(&inner, "\x10", 1) < 0 || buf_varint(&inner, (uint64_t)index) < 0))
+            goto fail;
+        if (buf_field(&body, 16, inner.data, inner.size) < 0) goto fail;
+        inner.size = 0;  /* idempotency_key (21) */
+        if (buf_put(&inner, PyBytes_AS_STRING(idempotency), PyBytes_GET_SIZE(idempotency)) < 0 ||
+            buf_put(&inner, eid, eid_n) < 0 || buf_field(&body, 21, inner.data, inner.size) < 0 ||
+            buf_field(&body, 9, row, row_n) < 0)  /* after (9) */
+            goto fail;
+        inner.size = 0;  /* snapshot (23): the mark, `last` (3) on the table's last event */
+        if (buf_put(&inner, PyBytes_AS_STRING(mark), PyBytes_GET_SIZE(mark)) < 0) goto fail;
+        if (ending && last && buf_put(&inner, "\x18\x01", 2) < 0) goto fail;
+        if (buf_field(&body, 23, inner.data, inner.size) < 0) goto fail;
+        record.size = 0;  /* BusRecord.event (1) */
+        if (buf_field(&record, 1, body.data, body.size) < 0) goto fail;
+        PyObject *encoded = buf_bytes(&record);
+        if (encoded == NULL) goto fail;
+        PyObject *item = PyTuple_Pack(2, PyTuple_GET_ITEM(pair, 0), encoded);
+        Py_DECREF(encoded);
+        if (item == NULL) goto fail;
+        PyList_SET_ITEM(out, index, item);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    buf_free(&body);
+    buf_free(&inner);
+    buf_free(&record);
+    Py_DECREF(eids);
+    Py_DECREF(rows);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"varint", (PyCFunction)py_varint, METH_O, NULL},
+    {"length_prefixed", (PyCFunction)(void (*)(void))py_length_prefixed, METH_FASTCALL, NULL},
+    {"value_int", (PyCFunction)py_value_int, METH_O, NULL},
+    {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL, NULL},
+    {"pg_values", (PyCFunction)(void (*)(void))py_pg_values, METH_FASTCALL, NULL},
+    {"pg_chunk_rows", (PyCFunction)(void (*)(void))py_pg_chunk_rows, METH_FASTCALL, NULL},
+    {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "tailrace.events._cwire",
+    "The hot loops of tailrace.events._wire in C (byte-identical; tests/unit/test_wire.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__cwire(void) { return PyModule_Create(&module); }
