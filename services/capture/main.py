@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tailrace.config import load_pipeline
 from tailrace.control_access import service_client
 from tailrace.errors import ConfigError, FatalError
+from tailrace.events._wire import ACCELERATED
 from tailrace.logs import add_log_options, get_logger, setup_logging
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         # a lost position keeps the process up to say why: it waits for `tailrace resnapshot`
         capture.lifecycle.wait_for_resnapshot = not args.exit_on_fatal
     log.info("capture starting", pipeline=spec.name, source=spec.spec.source.id,
-             type=spec.spec.source.type)
+             type=spec.spec.source.type,
+             wire_encoder="C" if ACCELERATED else "pure Python (slower: run `make setup`)")
     try:
         capture.run()
     except FatalError as e:

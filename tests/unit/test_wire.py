@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from tailrace.events import UNCHANGED_TOAST, Column, Row, value_of
+from tailrace.events import UNCHANGED_TOAST, Column, Row, _wire, value_of
 from tailrace.events._values import Json
-from tailrace.events import _wire
 from tailrace.events._wire import (
     PURE_PYTHON,
     column_prefix,
