@@ -50,7 +50,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
@@ -61,9 +61,8 @@ from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, RetryableError
 from tailrace.events import ChangeEvent, Op
 from tailrace.events._codec import bus_key_of
-from tailrace.events._wire import row_bytes
 from tailrace.logs import get_logger
-from tailrace_services.capture.snapshot import ChunkRows, Key, ReadRow, TablePlan
+from tailrace_services.capture.snapshot import ChunkRows, Key, ReadRow, TablePlan, chunk_rows
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
 from tailrace_services.capture_mysql.schema import TableShape, catalog_shape
 from tailrace_services.capture_mysql.signal_table import PRUNE_EVERY, SignalTable
@@ -171,6 +170,11 @@ class _Table:
     binary_keys: frozenset[str]
     estimate: int
     sequence: int = 0
+    kinds: bytes = field(init=False)  # `chunk_rows`' per column (`RowDecoder.read_encoders`)
+    encoders: tuple[Callable[[Any], bytes], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kinds, self.encoders = self.decoder.read_encoders([f for _, f in self.forms])
 
 
 class MysqlChunks:
@@ -326,35 +330,22 @@ class MysqlChunks:
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.shape.key_columns,
                                schema_version=table.shape.fingerprint,
                                schema_sequence=table.sequence)
-        rows: dict[Key, ReadRow] = {}
-        last: tuple[Any, ...] | None = None
-        count = 0
         names = [n for n, _ in table.forms]  # the shape's columns, as the decoder's
         key_index = [names.index(k) for k in table.chunk_key]
-        forms = [(i, f) for i, (_, f) in enumerate(table.forms) if f is not None]
-        encode, prefixes = table.decoder.values, table.decoder.prefixes
         # the merger's key (`key_of`): the serialized values of the chunk key's columns;
         # `bus_key`: those of the event's key columns, in column order
-        at = [names.index(k) for k in plan.key_columns]
-        bus_at = sorted(names.index(k) for k in table.shape.key_columns)
-        head = bus_key_of(table.database, "", table.name, [])
+        at = tuple(names.index(k) for k in plan.key_columns)
+        bus_at = tuple(sorted(names.index(k) for k in table.shape.key_columns))
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
-            for raw in cur.fetchall_unbuffered():
-                count += 1
-                if count > limit:  # the extra row only says the table goes on
-                    continue
-                values = list(raw)
-                for i, form in forms:
-                    if values[i] is not None:
-                        values[i] = form(values[i])
-                serialized = encode(values)
-                rows[tuple([serialized[i] for i in at])] = (
-                    b"\x00".join([head, *[serialized[i] for i in bus_at]]),
-                    row_bytes(prefixes, serialized))
-                last = raw
+            raw_rows = list(cur.fetchall_unbuffered())  # limit + 1 rows at most
+        more = len(raw_rows) > limit
+        del raw_rows[limit:]  # the extra row only says the table goes on
+        rows = chunk_rows(raw_rows, table.kinds, table.encoders, tuple(table.decoder.prefixes),
+                          at, bus_at, bus_key_of(table.database, "", table.name, []))
+        last = raw_rows[-1] if raw_rows else None
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
-        return template, rows, cursor, count > limit
+        return template, rows, cursor, more
 
     def _query(self, table: _Table, after: list[str] | None, limit: int, where: str
                ) -> tuple[str, list[Any]]:

@@ -32,17 +32,20 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import re
 import struct
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from functools import partial
 from typing import Any, Protocol
 
 from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.events import Row
 from tailrace.events._values import Json
-from tailrace.events._wire import NULL, column_prefix, row_bytes, value_bytes
+from tailrace.events._wire import NULL, column_prefix, row_bytes, value_bytes, value_string
+from tailrace_services.capture.snapshot.chunks import KIND_OBJECT
 
 __all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
 
@@ -191,6 +194,26 @@ class RowDecoder:
         return [NULL if v is None else value_bytes(convert(v))
                 for convert, v in zip(self._converters, values, strict=True)]
 
+    def read_encoders(self, forms: Sequence[Callable[[Any], Any] | None]
+                      ) -> tuple[bytes, tuple[Callable[[Any], bytes], ...]]:
+        """Per column, how a value PyMySQL read becomes a serialized `Value` (`forms`: to
+        the binlog library's value first, `snapshot.binlog_form`), for
+        `capture.snapshot.chunk_rows`: the C kind (`KIND_OBJECT` where the library's value
+        is ours as it is), and the Python encoder for the rest."""
+        kinds: list[int] = []
+        encoders: list[Callable[[Any], bytes]] = []
+        for convert, form in zip(self._converters, forms, strict=True):
+            if convert is _identity and form is None:
+                kinds.append(KIND_OBJECT)
+                encoders.append(value_bytes)
+            elif convert is _uuid:  # the server's text is already what str(UUID) prints
+                kinds.append(0)
+                encoders.append(partial(_uuid_text, form))
+            else:
+                kinds.append(0)
+                encoders.append(partial(_encode, form, convert))
+        return bytes(kinds), tuple(encoders)
+
     def row(self, values: dict[str, Any] | None, none_sources: dict[str, str] | None = None,
             only: set[str] | None = None) -> Row:
         """The row as a message, encoded by hand and parsed in one call (`_wire`)."""
@@ -211,6 +234,19 @@ class RowDecoder:
             prefixes.append(prefix)
             encoded.append(value_bytes(value))
         return Row.FromString(row_bytes(prefixes, encoded))
+
+
+def _encode(form: Callable[[Any], Any] | None, convert: Converter, value: Any) -> bytes:
+    return value_bytes(convert(form(value) if form is not None else value))
+
+
+def _uuid_text(form: Callable[[Any], Any] | None, value: Any) -> bytes:
+    if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
+        return value_string(15, value)
+    return _encode(form, _uuid, value)
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def make_row(shape: TableShape, values: dict[str, Any] | None,

@@ -40,19 +40,18 @@ from psycopg.types.string import TextLoader
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Op
 from tailrace.events._codec import bus_key_of
-from tailrace.events._wire import NULL, column_prefix, cwire, row_bytes
+from tailrace.events._wire import column_prefix
 from tailrace_services.capture.snapshot import (
     WATERMARK_PREFIX,
     ChunkRows,
-    Key,
-    ReadRow,
     TablePlan,
+    chunk_rows,
     watermark_content,
 )
 from tailrace_services.capture_postgres.connection import connect
 from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
 from tailrace_services.capture_postgres.schema import choose_key, configured_key
-from tailrace_services.capture_postgres.values import Encoder, encoder_for, kind_for
+from tailrace_services.capture_postgres.values import encoder_for, kind_for
 
 __all__ = ["PostgresChunks"]
 
@@ -116,27 +115,6 @@ class _Table:
         names = [c.name for c in columns]
         self.key_index = tuple(names.index(k) for k in self.keys)  # the merger's key order
         self.bus_index = tuple(sorted(self.key_index))  # `bus_key`: the row's column order
-
-
-def _py_chunk_rows(raw_rows: list[tuple[str | None, ...]], kinds: bytes,
-                   encoders: tuple[Encoder, ...], prefixes: tuple[bytes, ...],
-                   key_index: tuple[int, ...], bus_index: tuple[int, ...], head: bytes
-                   ) -> dict[Key, ReadRow]:
-    """A chunk's rows from the server's text: {key: (bus key, serialized Row)}. The
-    reference of `_cwire.pg_chunk_rows` (`kinds` is its fast path; the same bytes)."""
-    rows: dict[Key, ReadRow] = {}
-    for raw in raw_rows:
-        values = [NULL if text is None else encode(text)
-                  for encode, text in zip(encoders, raw, strict=True)]
-        rows[tuple([values[i] for i in key_index])] = (
-            b"\x00".join([head, *[values[i] for i in bus_index]]),
-            row_bytes(prefixes, values))
-    return rows
-
-
-chunk_rows: Callable[[list[tuple[str | None, ...]], bytes, tuple[Encoder, ...],
-                      tuple[bytes, ...], tuple[int, ...], tuple[int, ...], bytes],
-                     dict[Key, ReadRow]] = cwire.pg_chunk_rows if cwire else _py_chunk_rows
 
 
 class PostgresChunks:

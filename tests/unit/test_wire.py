@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tailrace.events import UNCHANGED_TOAST, Column, Row, _wire, value_of
+from tailrace.events import UNCHANGED_TOAST, Column, Row, _wire, event_id, event_ids, value_of
 from tailrace.events._values import Json
 from tailrace.events._wire import (
     PURE_PYTHON,
@@ -25,8 +25,7 @@ from tailrace.events._wire import (
     value_timestamp,
     varint,
 )
-from tailrace_services.capture.snapshot import records
-from tailrace_services.capture_postgres import snapshot as pg_snapshot
+from tailrace_services.capture.snapshot import chunks, records
 from tailrace_services.capture_postgres.values import converter_for, encoder_for, kind_for
 
 INTS = [0, 1, -1, 63, 64, -64, -65, 127, 128, 300, -300, 2**31, -(2**31), 2**62, 2**63 - 1,
@@ -193,9 +192,9 @@ def test_c_postgres_values(oid: int) -> None:
             expected = encode(text)
         except ValueError:
             with pytest.raises(ValueError):
-                cwire.pg_values(bytes([kind]), (encode,), [text])
+                cwire.values(bytes([kind]), (encode,), [text])
             continue
-        assert cwire.pg_values(bytes([kind]), (encode,), [text]) == [expected], (oid, text)
+        assert cwire.values(bytes([kind]), (encode,), [text]) == [expected], (oid, text)
 
 
 def test_c_postgres_chunk_rows() -> None:
@@ -210,7 +209,7 @@ def test_c_postgres_chunk_rows() -> None:
     head = b"db\x00public\x00t"
     for key_index, bus_index in (((0,), (0,)), ((1, 0), (0, 1))):
         args = (rows, kinds, encoders, prefixes, key_index, bus_index, head)
-        assert cwire.pg_chunk_rows(*args) == pg_snapshot._py_chunk_rows(*args)
+        assert cwire.chunk_rows(*args) == chunks._py_chunk_rows(*args)
 
 
 def test_c_read_records() -> None:
@@ -222,3 +221,33 @@ def test_c_read_records() -> None:
             args = (b"common" * 30, b"\x08\x07", b"\x08\x03\x10\x01", last, b"t|db.x|tx|",
                     eids[:n], read_rows[:n])
             assert cwire.read_records(*args) == records._py_bus_records(*args)
+
+
+@pytest.mark.parametrize("source_id", ["", "pg1", "s" * 60, "é-source"])
+def test_c_event_ids(source_id: str) -> None:
+    """SHA-256 in C: every message length around the 55/56/64-byte block edges."""
+    for native_tx in ("", "1A2B3C", "0-1-12345:7" * 5):
+        for ts_ms in (0, 1_795_516_444_951, -1, 2**50):
+            ids = event_ids(source_id, native_tx, 0, 130, ts_ms)
+            assert ids == [event_id(source_id, native_tx, i, ts_ms) for i in range(130)]
+    assert event_ids("x", "y", 10**12, 2, 5) == [event_id("x", "y", 10**12 + i, 5)
+                                                 for i in range(2)]
+
+
+def test_c_python_values() -> None:
+    """`KIND_OBJECT`: the exact types `value_bytes` dispatches on, in C; the rest handed
+    back to it."""
+    objects: list[Any] = [
+        *PYTHON_VALUES, -(2**63), 2**64 - 1, "é" * 200, b"x" * 300, math.nan, -0.0,
+        dt.datetime(2026, 11, 24, 7, 30, 1, 5, tzinfo=dt.UTC),
+        dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone(-dt.timedelta(hours=9))),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ]
+    for obj in objects:
+        expected = value_bytes(obj)
+        assert cwire.values(bytes([chunks.KIND_OBJECT]), (value_bytes,), [obj]) == [expected], \
+            repr(obj)
+    for out_of_range in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="out of range"):
+            cwire.values(bytes([chunks.KIND_OBJECT]), (value_bytes,), [out_of_range])

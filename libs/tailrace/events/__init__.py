@@ -9,7 +9,7 @@ from tailrace.events._codec import (
     key_bytes,
     key_values,
 )
-from tailrace.events._ids import event_id, idempotency_key
+from tailrace.events._ids import event_id, event_ids, idempotency_key
 from tailrace.events._positions import lsn_text, native_position, position_key
 from tailrace.events._values import UNCHANGED_TOAST, python_of, value_of
 from tailrace.proto.event_pb2 import (
@@ -40,6 +40,7 @@ __all__ = [
     "encode_epoch",
     "encode_event",
     "event_id",
+    "event_ids",
     "event_to_json_dict",
     "idempotency_key",
     "key_bytes",

@@ -7,6 +7,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <datetime.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -245,11 +246,48 @@ static int pg_numeric_plain(const char *s, Py_ssize_t n) {
 
 enum {
     K_OTHER = 0, K_INT = 1, K_BOOL = 2, K_TEXT = 3, K_JSON = 4, K_UUID = 5, K_TIMESTAMP = 6,
-    K_NUMERIC = 7
+    K_NUMERIC = 7, K_OBJECT = 8
 };
 
-/* One column's value from the server's text; `fallback` for what the fast paths skip. */
-static int buf_pg_value(Buf *b, char kind, PyObject *text, PyObject *fallback) {
+/* A Python value as `_wire.value_bytes` encodes it, for the exact types it dispatches on
+ * directly; 0: not one of them (the caller's fallback decides). */
+static int buf_object_value(Buf *b, PyObject *obj) {
+    if (PyLong_CheckExact(obj)) return buf_value_pylong(b, obj) < 0 ? -1 : 1;
+    if (PyBool_Check(obj)) return buf_put(b, obj == Py_True ? "\x18\x01" : "\x18\x00", 2) < 0 ? -1 : 1;
+    if (PyUnicode_CheckExact(obj)) return buf_value_string(b, 8, obj) < 0 ? -1 : 1;
+    if (PyBytes_CheckExact(obj))
+        return buf_field(b, 9, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj)) < 0 ? -1 : 1;
+    if (PyFloat_CheckExact(obj)) {
+        char out[9] = {0x31};
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(obj), out + 1, 1) < 0) return -1;
+        return buf_put(b, out, 9) < 0 ? -1 : 1;
+    }
+    if (PyDateTime_CheckExact(obj)) {
+        int64_t offset = 0, aware = 0;
+        PyObject *tz = PyDateTime_DATE_GET_TZINFO(obj);
+        if (tz != Py_None) {
+            PyObject *delta = PyObject_CallMethod(obj, "utcoffset", NULL);
+            if (delta == NULL) return -1;
+            if (!PyDelta_Check(delta)) { Py_DECREF(delta); return 0; }
+            offset = ((int64_t)PyDateTime_DELTA_GET_DAYS(delta) * 86400 +
+                      PyDateTime_DELTA_GET_SECONDS(delta)) * 1000000 +
+                     PyDateTime_DELTA_GET_MICROSECONDS(delta);
+            Py_DECREF(delta);
+            aware = 1;
+        }
+        int64_t seconds = days_from_civil(PyDateTime_GET_YEAR(obj), (unsigned)PyDateTime_GET_MONTH(obj),
+                                          (unsigned)PyDateTime_GET_DAY(obj)) * 86400 +
+                          PyDateTime_DATE_GET_HOUR(obj) * 3600 + PyDateTime_DATE_GET_MINUTE(obj) * 60 +
+                          PyDateTime_DATE_GET_SECOND(obj);
+        int64_t micros = seconds * 1000000 + PyDateTime_DATE_GET_MICROSECOND(obj) - offset;
+        return buf_value_timestamp(b, micros, (int)aware) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* One column's value: from the server's text (PostgreSQL's kinds) or from a Python value
+ * (K_OBJECT); `fallback` for what the fast paths skip. */
+static int buf_value(Buf *b, char kind, PyObject *text, PyObject *fallback) {
     if (text == Py_None) return buf_put(b, "\x08\x01", 2);
     Py_ssize_t n;
     const char *s;
@@ -286,6 +324,11 @@ static int buf_pg_value(Buf *b, char kind, PyObject *text, PyObject *fallback) {
         if (s == NULL) return -1;
         if (pg_numeric_plain(s, n)) return buf_field(b, 7, s, n);
         break;
+    case K_OBJECT: {
+        int done = buf_object_value(b, text);
+        if (done != 0) return done < 0 ? -1 : 0;
+        break;
+    }
     }
     PyObject *encoded = PyObject_CallOneArg(fallback, text);
     if (encoded == NULL) return -1;
@@ -296,10 +339,10 @@ static int buf_pg_value(Buf *b, char kind, PyObject *text, PyObject *fallback) {
     return rc;
 }
 
-/* pg_values(kinds, fallbacks, texts) -> [Value bytes] */
-static PyObject *py_pg_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* values(kinds, fallbacks, texts) -> [Value bytes] */
+static PyObject *py_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "pg_values(kinds: bytes, fallbacks: tuple, texts)");
+        PyErr_SetString(PyExc_TypeError, "values(kinds: bytes, fallbacks: tuple, texts)");
         return NULL;
     }
     const char *kinds = PyBytes_AS_STRING(args[0]);
@@ -314,7 +357,7 @@ static PyObject *py_pg_values(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *out = PyList_New(columns);
     Buf b = {0};
     for (Py_ssize_t c = 0; out != NULL && c < columns; c++) {
-        if (buf_pg_value(&b, kinds[c], PySequence_Fast_GET_ITEM(texts, c),
+        if (buf_value(&b, kinds[c], PySequence_Fast_GET_ITEM(texts, c),
                          PyTuple_GET_ITEM(args[1], c)) < 0) {
             Py_CLEAR(out);
             break;
@@ -371,13 +414,13 @@ done:
     return out;
 }
 
-/* pg_chunk_rows(raw_rows, kinds, fallbacks, prefixes, key_index, bus_index, head)
- *   -> {key: (bus_key, row)}: a snapshot chunk's rows (capture_postgres/snapshot.py). */
-static PyObject *py_pg_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* chunk_rows(raw_rows, kinds, fallbacks, prefixes, key_index, bus_index, head)
+ *   -> {key: (bus_key, row)}: a snapshot chunk's rows (each connector's snapshot.py). */
+static PyObject *py_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyList_Check(args[0]) || !PyBytes_Check(args[1]) || !PyTuple_Check(args[2]) ||
         !PyTuple_Check(args[3]) || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5]) ||
         !PyBytes_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "pg_chunk_rows(list, bytes, tuple, tuple, tuple, tuple, bytes)");
+        PyErr_SetString(PyExc_TypeError, "chunk_rows(list, bytes, tuple, tuple, tuple, tuple, bytes)");
         return NULL;
     }
     PyObject *raw_rows = args[0], *fallbacks = args[2], *prefixes = args[3];
@@ -386,7 +429,7 @@ static PyObject *py_pg_chunk_rows(PyObject *self, PyObject *const *args, Py_ssiz
     Py_ssize_t columns = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t nkeys = PyTuple_GET_SIZE(key_index), nbus = PyTuple_GET_SIZE(bus_index);
     if (PyTuple_GET_SIZE(fallbacks) != columns || PyTuple_GET_SIZE(prefixes) != columns) {
-        PyErr_SetString(PyExc_ValueError, "pg_chunk_rows: kinds, fallbacks, prefixes differ in length");
+        PyErr_SetString(PyExc_ValueError, "chunk_rows: kinds, fallbacks, prefixes differ in length");
         return NULL;
     }
     Py_ssize_t *keys = PyMem_Calloc((size_t)(nkeys + nbus + 1), sizeof(Py_ssize_t));
@@ -398,20 +441,20 @@ static PyObject *py_pg_chunk_rows(PyObject *self, PyObject *const *args, Py_ssiz
         PyObject *index = PyTuple_GET_ITEM(k < nkeys ? key_index : bus_index, k < nkeys ? k : k - nkeys);
         keys[k] = PyLong_AsSsize_t(index);
         if (keys[k] < 0 || keys[k] >= columns) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "pg_chunk_rows: key index");
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "chunk_rows: key index");
             goto fail;
         }
     }
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(raw_rows); r++) {
         PyObject *raw = PyList_GET_ITEM(raw_rows, r);
         if (!PyTuple_Check(raw) || PyTuple_GET_SIZE(raw) != columns) {
-            PyErr_SetString(PyExc_ValueError, "pg_chunk_rows: a row is not a tuple of the columns");
+            PyErr_SetString(PyExc_ValueError, "chunk_rows: a row is not a tuple of the columns");
             goto fail;
         }
         values.size = 0;
         for (Py_ssize_t c = 0; c < columns; c++) {
             starts[c] = values.size;
-            if (buf_pg_value(&values, kinds[c], PyTuple_GET_ITEM(raw, c),
+            if (buf_value(&values, kinds[c], PyTuple_GET_ITEM(raw, c),
                              PyTuple_GET_ITEM(fallbacks, c)) < 0)
                 goto fail;
         }
@@ -551,14 +594,110 @@ done:
     return out;
 }
 
+/* -- Event ids (tailrace/events/_ids.py `event_id`) ------------------------------------ */
+
+/* SHA-256 (FIPS 180-4), for the few dozen bytes an event id hashes. */
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(uint32_t h[8], const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, k;
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = h[0]; b = h[1]; c = h[2]; d = h[3]; e = h[4]; f = h[5]; g = h[6]; k = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = k + (ROTR(e, 6) ^ ROTR(e, 11) ^ ROTR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        uint32_t t2 = (ROTR(a, 2) ^ ROTR(a, 13) ^ ROTR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+}
+
+/* the first 10 bytes of SHA-256(data): all an event id takes */
+static void sha256_head(const unsigned char *data, size_t n, unsigned char out[10]) {
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    unsigned char block[64];
+    size_t done = 0;
+    for (; n - done >= 64; done += 64) sha256_block(h, data + done);
+    size_t rest = n - done;
+    memcpy(block, data + done, rest);
+    block[rest++] = 0x80;
+    if (rest > 56) {
+        memset(block + rest, 0, 64 - rest);
+        sha256_block(h, block);
+        rest = 0;
+    }
+    memset(block + rest, 0, 56 - rest);
+    uint64_t bits = (uint64_t)n * 8;
+    for (int i = 0; i < 8; i++) block[63 - i] = (unsigned char)(bits >> (8 * i));
+    sha256_block(h, block);
+    for (int i = 0; i < 10; i++) out[i] = (unsigned char)(h[i / 4] >> (24 - 8 * (i % 4)));
+}
+
+/* event_ids(prefix, start, count, ts_ms) -> [event_id(...) for index in range(start,
+ * start + count)], `prefix` being f"{source_id}|{native_tx}|" encoded */
+static PyObject *py_event_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "event_ids(prefix: bytes, start, count, ts_ms)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), count = PyLong_AsSsize_t(args[2]);
+    uint64_t ts = PyLong_AsUnsignedLongLongMask(args[3]) & ((1ULL << 48) - 1);
+    if (PyErr_Occurred()) return NULL;
+    if (start < 0 || count < 0) { PyErr_SetString(PyExc_ValueError, "event_ids: negative index"); return NULL; }
+    Py_ssize_t plen = PyBytes_GET_SIZE(args[0]);
+    unsigned char *message = PyMem_Malloc((size_t)plen + 24);
+    PyObject *out = message ? PyList_New(count) : NULL;
+    if (out == NULL) { PyMem_Free(message); return message ? NULL : PyErr_NoMemory(); }
+    memcpy(message, PyBytes_AS_STRING(args[0]), (size_t)plen);
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int len = snprintf((char *)message + plen, 24, "%zd", start + i);
+        unsigned char d[10];
+        sha256_head(message, (size_t)plen + (size_t)len, d);
+        uint64_t rand_a = ((uint64_t)d[0] << 8 | d[1]) & 0x0FFF, rand_b = 0;
+        for (int j = 2; j < 10; j++) rand_b = rand_b << 8 | d[j];
+        uint64_t hi = ts << 16 | 0x7ULL << 12 | rand_a;
+        uint64_t lo = 0x2ULL << 62 | (rand_b & ((1ULL << 62) - 1));
+        char text[36], *p = text;
+        for (int j = 0; j < 32; j++) {
+            uint64_t word = j < 16 ? hi : lo;
+            *p++ = hex[(word >> (60 - 4 * (j % 16))) & 0xF];
+            if (j == 7 || j == 11 || j == 15 || j == 19) *p++ = '-';
+        }
+        PyObject *id = PyUnicode_FromStringAndSize(text, 36);
+        if (id == NULL) { Py_DECREF(out); PyMem_Free(message); return NULL; }
+        PyList_SET_ITEM(out, i, id);
+    }
+    PyMem_Free(message);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"varint", (PyCFunction)py_varint, METH_O, NULL},
     {"length_prefixed", (PyCFunction)(void (*)(void))py_length_prefixed, METH_FASTCALL, NULL},
     {"value_int", (PyCFunction)py_value_int, METH_O, NULL},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL, NULL},
-    {"pg_values", (PyCFunction)(void (*)(void))py_pg_values, METH_FASTCALL, NULL},
-    {"pg_chunk_rows", (PyCFunction)(void (*)(void))py_pg_chunk_rows, METH_FASTCALL, NULL},
+    {"values", (PyCFunction)(void (*)(void))py_values, METH_FASTCALL, NULL},
+    {"chunk_rows", (PyCFunction)(void (*)(void))py_chunk_rows, METH_FASTCALL, NULL},
     {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_FASTCALL, NULL},
+    {"event_ids", (PyCFunction)(void (*)(void))py_event_ids, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -568,4 +707,8 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__cwire(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cwire(void) {
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL) return NULL;
+    return PyModule_Create(&module);
+}

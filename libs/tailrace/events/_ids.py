@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from tailrace.events._wire import cwire
+
 
 def event_id(source_id: str, native_tx: str, event_index: int, ts_ms: int) -> str:
     """A UUIDv7 whose time is the source commit time and whose random bits come from the position.
@@ -18,6 +20,14 @@ def event_id(source_id: str, native_tx: str, event_index: int, ts_ms: int) -> st
     value = (ts << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
     h = f"{value:032x}"  # as str(uuid.UUID(int=value)) spells it, without the object
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def event_ids(source_id: str, native_tx: str, first: int, count: int, ts_ms: int) -> list[str]:
+    """`event_id` of the events `first`.. `first + count - 1` of one transaction (a snapshot
+    chunk's: thousands at once, in C when built)."""
+    if cwire is not None:
+        return cwire.event_ids(f"{source_id}|{native_tx}|".encode(), first, count, ts_ms)
+    return [event_id(source_id, native_tx, index, ts_ms) for index in range(first, first + count)]
 
 
 def idempotency_key(tenant: str, database: str, table: str, tx_id: str, event_id: str) -> str:

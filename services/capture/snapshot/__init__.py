@@ -34,6 +34,7 @@ from tailrace_services.capture.snapshot.chunks import (
     ReadRow,
     TablePlan,
     Watermark,
+    chunk_rows,
     key_of,
     parse_watermark,
     watermark_content,
@@ -43,5 +44,5 @@ from tailrace_services.capture.snapshot.progress import SnapshotProgress
 from tailrace_services.capture.snapshot.worker import SnapshotWorker
 
 __all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "SnapshotMerger",
-           "SnapshotProgress", "SnapshotWorker", "TablePlan", "Watermark", "key_of",
+           "SnapshotProgress", "SnapshotWorker", "TablePlan", "Watermark", "chunk_rows", "key_of",
            "parse_watermark", "watermark_content"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from tailrace.events._wire import NULL, cwire, row_bytes
 from tailrace.proto.event_pb2 import ChangeEvent, Position, Row
 
 __all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "TablePlan",
-           "Watermark", "key_of", "parse_watermark", "table_of", "watermark_content"]
+           "Watermark", "chunk_rows", "key_of", "parse_watermark", "table_of",
+           "watermark_content"]
 
 WATERMARK_PREFIX = "tailrace"
 Key = tuple[bytes, ...]
@@ -106,3 +108,27 @@ class ChunkSource(Protocol):
         """Write the high watermark `token`."""
 
     def close(self) -> None: ...
+
+
+def _py_chunk_rows(raw_rows: list[tuple[Any, ...]], kinds: bytes,
+                   encoders: tuple[Callable[[Any], bytes], ...], prefixes: tuple[bytes, ...],
+                   key_index: tuple[int, ...], bus_index: tuple[int, ...], head: bytes
+                   ) -> dict[Key, ReadRow]:
+    """A chunk's rows as {merger's key: (bus key, serialized Row)}: each value through its
+    column's encoder (None: NULL); `head` is the table's `bus_key_of` prefix. The reference
+    of `_cwire.chunk_rows`, which reads the common `kinds` itself (PostgreSQL's text,
+    `values.kind_for`; a Python value, `KIND_OBJECT`) and gives the same bytes."""
+    rows: dict[Key, ReadRow] = {}
+    for raw in raw_rows:
+        values = [NULL if value is None else encode(value)
+                  for encode, value in zip(encoders, raw, strict=True)]
+        rows[tuple([values[i] for i in key_index])] = (
+            b"\x00".join([head, *[values[i] for i in bus_index]]),
+            row_bytes(prefixes, values))
+    return rows
+
+
+KIND_OBJECT = 8  # `chunk_rows`: a Python value, encoded as `_wire.value_bytes` would
+chunk_rows: Callable[[list[tuple[Any, ...]], bytes, tuple[Callable[[Any], bytes], ...],
+                      tuple[bytes, ...], tuple[int, ...], tuple[int, ...], bytes],
+                     dict[Key, ReadRow]] = cwire.chunk_rows if cwire else _py_chunk_rows

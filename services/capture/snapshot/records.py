@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tailrace.events import ChangeEvent, Position, event_id
+from tailrace.events import ChangeEvent, Position, event_ids
 from tailrace.events._wire import cwire, length_prefixed, varint
 from tailrace.proto.event_pb2 import SnapshotMark
 from tailrace_services.capture.assembler import Prepared
@@ -45,7 +45,7 @@ def read_transaction(template: ChangeEvent, rows: Sequence[ReadRow], *, source_i
     table = f"{template.schema}.{template.table}" if template.schema else template.table
     idempotency = f"{tenant}|{template.database}.{table}|{tx_id}|"
     native_tx, ts_ms = f"{position.tx_seq:X}", ts_us // 1000
-    eids = [event_id(source_id, native_tx, index, ts_ms) for index in range(size)]
+    eids = event_ids(source_id, native_tx, 0, size, ts_ms)
     records = bus_records(common, where, mark, last, idempotency.encode(), eids, rows)
     ending_at = Position()
     ending_at.CopyFrom(at)
