@@ -216,6 +216,18 @@ class CaptureRig:
             assert time.monotonic() < deadline, f"no such epoch after {timeout:.0f} s: {epoch}"
             time.sleep(0.2)
 
+    def snapshot_entry(self, table: str, until: Callable[[pb.SnapshotTable], bool],
+                       timeout: float = 120) -> pb.SnapshotTable:
+        """The table's entry in the pipeline's snapshot record once `until(entry)` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entry = next((t for t in self.control.client.snapshot_state(self.name).tables
+                          if t.table == table), None)
+            if entry is not None and until(entry):
+                return entry
+            assert time.monotonic() < deadline, entry
+            time.sleep(0.1)
+
     def read(self, until: Callable[[BusView], bool], timeout: float = 120) -> BusView:
         return read_bus(self.brokers, self.topic, self.partitions, until, timeout)
 

@@ -307,18 +307,18 @@ def mysql_rig(tmp_path: Path, control: Control, kafka_broker: KafkaBroker
     rigs: list[CaptureRig] = []
 
     def make(server: MariaDBServer, tables: list[str], *, snapshot: dict[str, Any] | None = None,
-             epoch_ms: int = 200, dsn: str | None = None) -> CaptureRig:
+             epoch_ms: int = 200, dsn: str | None = None, partitions: int = 1) -> CaptureRig:
         """`dsn`: another user's (default root's)."""
         name = f"myc-{uuid.uuid4().hex[:10]}"
         dsn = dsn or server.dsn()
         spec_path = write_spec(tmp_path, dsn=dsn, brokers=kafka_broker.bootstrap,
                                control=control.address, tables=tables, epoch_ms=epoch_ms,
-                               name=name)
+                               name=name, partitions=partitions)
         if snapshot:
             text = spec_path.read_text().replace(
                 "    on_schema_drift:", f"    snapshot: {json.dumps(snapshot)}\n    on_schema_drift:")
             spec_path.write_text(text)
-        rig = CaptureRig(tmp_path, name, dsn, control, kafka_broker.bootstrap, 1,
+        rig = CaptureRig(tmp_path, name, dsn, control, kafka_broker.bootstrap, partitions,
                          spec_path)
         rigs.append(rig)
         return rig

@@ -11,6 +11,14 @@ MariaDB's JSON (a LONGTEXT with a `json_valid` check), UUID and INET6 (16
 binary bytes in the binlog) are not recognisable in a table map; the catalog
 tells (`type hints`), looked up per table and forgotten at its next DDL.
 Hints only ever change how a value is presented, never which column it is.
+
+The event key of a table is its primary key (the table map's flags; the catalog's
+`COLUMN_KEY = 'PRI'`). A table without one has no key — its events carry an empty
+`key_columns` — unless `snapshot.key_columns` names columns for it (`TableShape.given_key`,
+checked at start by `check_key_columns`): its events, streamed and read, are keyed by
+those. Updates and deletes carry them because `binlog_row_image=FULL` is required of every
+source (`connection.check_settings`). A given key is not part of the fingerprint: it
+says how events are keyed, not what the table is.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +34,7 @@ import pymysql
 from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.control_client import ControlClient
-from tailrace.errors import FatalError
+from tailrace.errors import ConfigError, FatalError
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect, one_row
@@ -33,7 +42,7 @@ from tailrace_services.capture_mysql.gtid import MariadbGtid, MariadbGtidPositio
 from tailrace_services.capture_mysql.values import RowDecoder
 
 __all__ = ["ColumnShape", "SchemaTracker", "TableShape", "TypeHints", "catalog_fingerprints",
-           "catalog_shape", "fingerprint", "shape_from_table_map"]
+           "catalog_shape", "check_key_columns", "fingerprint", "shape_from_table_map"]
 
 log = get_logger(__name__)
 
@@ -60,13 +69,17 @@ class TableShape:
     database: str
     table: str
     columns: tuple[ColumnShape, ...]
+    given_key: tuple[str, ...] = ()  # `snapshot.key_columns` of the table (module docstring)
     key_columns: tuple[str, ...] = field(init=False)
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
         # No primary key: no key columns (never every column), as on PostgreSQL: Kafka then
-        # keys by the table alone and the PostgreSQL sink refuses updates and deletes.
-        object.__setattr__(self, "key_columns", tuple(c.name for c in self.columns if c.key))
+        # keys by the table alone and the PostgreSQL sink refuses updates and deletes. The
+        # given key only for a table without one that has all its columns.
+        own = tuple(c.name for c in self.columns if c.key)
+        given = self.given_key if set(self.given_key) <= {c.name for c in self.columns} else ()
+        object.__setattr__(self, "key_columns", own or given)
         object.__setattr__(self, "fingerprint", fingerprint(self))
 
     def schema_json(self) -> str:
@@ -131,7 +144,7 @@ def type_name(column: Any, hint: str | None = None) -> str:
 
 
 def shape_from_table_map(database: str, table: str, columns: list[Any],
-                         hints: dict[str, str]) -> TableShape:
+                         hints: dict[str, str], given_key: Sequence[str] = ()) -> TableShape:
     """The shape of a table-map event; a column without a name is refused, never guessed."""
     out = []
     for i, column in enumerate(columns):
@@ -145,7 +158,7 @@ def shape_from_table_map(database: str, table: str, columns: list[Any],
             key=bool(column.is_primary), field_type=column.type,
             max_length=getattr(column, "max_length", 0) or 0,
             set_values=tuple(column.set_values or ())))
-    return TableShape(database, table, tuple(out))
+    return TableShape(database, table, tuple(out), tuple(given_key))
 
 
 _INFO_INT = re.compile(r"^(tinyint|smallint|mediumint|int|bigint)(\(\d+\))?( unsigned)?")
@@ -213,8 +226,8 @@ def _json_columns(conn: pymysql.connections.Connection, database: str, table: st
     return {m for c in clauses for m in re.findall(r"json_valid\(`((?:[^`]|``)+)`\)", c)}
 
 
-def catalog_shape(conn: pymysql.connections.Connection, database: str, table: str
-                  ) -> TableShape:
+def catalog_shape(conn: pymysql.connections.Connection, database: str, table: str,
+                  given_key: Sequence[str] = ()) -> TableShape:
     """The table's shape as information_schema tells it now (empty when it does not exist)."""
     json_cols = _json_columns(conn, database, table)
     with conn.cursor() as cur:
@@ -225,7 +238,7 @@ def catalog_shape(conn: pymysql.connections.Connection, database: str, table: st
     return TableShape(database, table, tuple(
         ColumnShape(name=str(name), type=catalog_type(str(ctype), str(dtype), name in json_cols),
                     key=str(key) == "PRI")
-        for name, ctype, dtype, key in rows))
+        for name, ctype, dtype, key in rows), tuple(given_key))
 
 
 def catalog_fingerprints(conn: pymysql.connections.Connection, tables: list[tuple[str, str]]
@@ -235,15 +248,64 @@ def catalog_fingerprints(conn: pymysql.connections.Connection, tables: list[tupl
     return {(db, table): catalog_shape(conn, db, table).fingerprint for db, table in tables}
 
 
+# data types a given key cannot have: ENUM and SET sort by member number but compare as
+# text, FLOAT and DOUBLE are approximate, TEXT, BLOB, JSON and spatial values sort by a
+# prefix only (max_sort_length) -- chunks read in key order would skip or repeat rows
+_UNORDERED = frozenset({"enum", "set", "float", "double", "tinytext", "text", "mediumtext",
+                        "longtext", "tinyblob", "blob", "mediumblob", "longblob", "json",
+                        *_SPATIAL})
+
+
+def check_key_columns(conn: pymysql.connections.Connection, tables: Sequence[tuple[str, str]],
+                      configured: Mapping[str, Sequence[str]]) -> None:
+    """Each table `snapshot.key_columns` names is selected, has no key of its own, has the
+    columns, NOT NULL and of a type read in order (`_UNORDERED`). That updates and deletes
+    carry them is `binlog_row_image=FULL`, checked for every source (`check_settings`)."""
+    selected = {f"{d}.{t}" for d, t in tables}
+    for table, columns in configured.items():
+        where = f"spec.source.snapshot.key_columns: {table}"
+        if table not in selected:
+            raise ConfigError(f"{where} is not a selected table (it does not exist, or "
+                              "spec.source.tables does not select it)")
+        database, name = table.split(".")
+        with conn.cursor() as cur:
+            cur.execute("SELECT COLUMN_NAME, COLUMN_KEY, IS_NULLABLE, DATA_TYPE, COLUMN_TYPE "
+                        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                        "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (database, name))
+            found = {str(r[0]): [str(v) for v in r[1:]] for r in cur.fetchall()}
+        own = [c for c, (key, *_) in found.items() if key == "PRI"]
+        if own:  # a unique index on NOT NULL columns counts: the server takes it for one
+            raise ConfigError(f"{where} has a primary key of its own ({', '.join(own)}), which "
+                              "its events are keyed by: remove it from key_columns")
+        missing = [c for c in columns if c not in found]
+        if missing:
+            raise ConfigError(f"{where} has no column {', '.join(missing)} (its columns: "
+                              f"{', '.join(found)})")
+        nullable = [c for c in columns if found[c][1] == "YES"]
+        if nullable:  # a NULL in a key compares to nothing: chunks would skip rows
+            fix = "; ".join(f"ALTER TABLE {table} MODIFY {c} {found[c][3]} NOT NULL"
+                            for c in nullable)
+            raise ConfigError(f"{where}: {', '.join(nullable)} may be NULL; key columns must "
+                              f"be NOT NULL ({fix}, keeping the columns' other attributes)")
+        unordered = [f"{c} ({found[c][3]})" for c in columns if found[c][2].lower() in _UNORDERED]
+        if unordered:
+            raise ConfigError(
+                f"{where}: {', '.join(unordered)} cannot be read in key order (ENUM and SET "
+                "sort by member number, FLOAT and DOUBLE are approximate, TEXT, BLOB, JSON "
+                "and spatial values sort by a prefix): give other columns")
+
+
 class SchemaTracker:
-    """Table shapes of the stream, registered once per fingerprint; catalog hints per table."""
+    """Table shapes of the stream, registered once per fingerprint; catalog hints per table.
+    `key_columns`: `snapshot.key_columns` (`TableShape.given_key`)."""
 
     def __init__(self, control: ControlClient, tenant: str, settings: ConnectionSettings,
-                 flavor: str) -> None:
+                 flavor: str, key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
         self.control = control
         self.tenant = tenant
         self.settings = settings
         self.hints = TypeHints(flavor)
+        self.given = key_columns or {}
         self._shapes: dict[tuple[Any, ...], tuple[TableShape, RowDecoder]] = {}
         self._sequences: dict[str, int] = {}
         self.latest: dict[tuple[str, str], TableShape] = {}
@@ -262,7 +324,8 @@ class SchemaTracker:
         found = self._shapes.get(key)
         if found is None:
             hints = self._hints(database, table)
-            shape = shape_from_table_map(database, table, columns, hints)
+            shape = shape_from_table_map(database, table, columns, hints,
+                                         self.given.get(f"{database}.{table}", ()))
             found = (shape, RowDecoder(shape))
             self._shapes[key] = found
         shape, decoder = found
@@ -303,7 +366,7 @@ class SchemaTracker:
         try:
             if not _at_tail(conn, self.hints.flavor, gtid):
                 return None, 0
-            shape = catalog_shape(conn, database, table)
+            shape = catalog_shape(conn, database, table, self.given.get(f"{database}.{table}", ()))
         finally:
             conn.close()
         if not shape.columns:

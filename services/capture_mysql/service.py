@@ -3,7 +3,10 @@
 Each session:
 
 1. connects, checks the binlog settings and reads the facts about the server
-   (`connection.py`), and selects the tables by pattern (`tables.py`);
+   (`connection.py`), and selects the tables by pattern (`tables.py`); a table
+   `snapshot.key_columns` names must be fit to be keyed by them (`schema.check_key_columns`,
+   else capture refuses to start), another selected table without a primary key is named in
+   a warning;
 2. reads the resume point (`tailrace_services.capture.resume`: the furthest of the
    sinks' minimum checkpoint and what the bus provably holds, or what this process
    published before a lost binlog connection) and turns it into GTID positions
@@ -56,7 +59,7 @@ from tailrace_services.capture_mysql.identity import (
 )
 from tailrace_services.capture_mysql.position import CapturePosition, accepts
 from tailrace_services.capture_mysql.reader import BinlogStream
-from tailrace_services.capture_mysql.schema import SchemaTracker
+from tailrace_services.capture_mysql.schema import SchemaTracker, check_key_columns
 from tailrace_services.capture_mysql.signal_table import SignalTable
 from tailrace_services.capture_mysql.snapshot import MysqlChunks
 from tailrace_services.capture_mysql.tables import TableFilter
@@ -111,7 +114,9 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                               accept=accept,
                               highest=lambda: self.resume.highest_published(point))
             log.info("tables selected", tables=[f"{d}.{t}" for d, t in tables])
-            self._warn_keyless(conn, tables)
+            check_key_columns(conn, tables, self.source.snapshot.key_columns)
+            self._warn_keyless(conn, [(d, t) for d, t in tables
+                                      if f"{d}.{t}" not in self.source.snapshot.key_columns])
             return facts, start, tables
         finally:
             conn.close()
@@ -160,7 +165,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
             else None, heartbeat_s=self.heartbeat_s, read_timeout_s=self.read_timeout_s)
         feed = ChangeFeed(
             stream, EventFactory(self.source.id, self.pipeline.tenant),
-            SchemaTracker(self.control, self.pipeline.tenant, self.settings, facts.flavor),
+            SchemaTracker(self.control, self.pipeline.tenant, self.settings, facts.flavor,
+                          self.source.snapshot.key_columns),
             self.filter, self.settings, self.metrics, start=start, server_id=facts.server_id,
             identity=identity_fingerprint(facts.flavor, identity_attributes(facts)),
             signal=self.signal)
@@ -184,7 +190,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                          facts: ServerFacts, tables: list[tuple[str, str]]) -> SnapshotWorker:
         """The session's snapshot reader (`tailrace_services.capture.snapshot`)."""
         readers = [MysqlChunks(self.settings, self.source.id, self.pipeline.tenant,
-                               facts.flavor, self.signal, self.control)
+                               facts.flavor, self.signal, self.control,
+                               self.source.snapshot.key_columns)
                    for _ in range(self.source.snapshot.parallelism)]
         selected = {}
         for database, table in tables:

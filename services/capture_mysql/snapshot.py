@@ -1,5 +1,5 @@
 """MySQL/MariaDB's side of a snapshot: watermarks as rows of the signal table, chunks read in
-primary-key order by a fresh consistent read (docs/snapshots.md).
+primary-key order (or `snapshot.key_columns`) by a fresh consistent read (docs/snapshots.md).
 
 A chunk, on the snapshot reader's own autocommit connection:
 
@@ -27,6 +27,12 @@ visible out of binlog order, so `plan` refuses to snapshot and names the setting
 Non-transactional tables (MyISAM, Aria) are outside this argument: their changes are
 visible before they are logged.
 
+A table without a primary key is read by the columns `snapshot.key_columns` gives it
+(checked at start: `schema.check_key_columns`), which its streamed events carry too
+(`schema.TableShape.given_key`). Nothing keeps them unique, so each chunk's query also
+tells which row repeats the key of the row before it (`_with_repeats`): such a chunk fails
+the table, naming the key.
+
 DDL: the catalog is read for every chunk, before and after its SELECT; a structure that
 changed in between means the SELECT ran with a stale column list, so it runs again (still
 between the watermarks). A DDL committed after that check and before the high watermark
@@ -49,7 +55,7 @@ import ipaddress
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,7 +159,29 @@ def _shape_for_rows(shape: TableShape, column_types: dict[str, tuple[str, int]])
             field_type, max_length = FIELD_TYPE.STRING, octets
         columns.append(replace(c, field_type=field_type, max_length=max_length,
                                set_values=members))
-    return TableShape(shape.database, shape.table, tuple(columns))
+    return replace(shape, columns=tuple(columns))
+
+
+def _with_repeats(query: str, keys: tuple[str, ...]) -> str:
+    """`query`'s rows, each with one more column: whether its key equals the row's before it
+    as the server compares them (collations: letter case and trailing spaces may not count).
+
+    A key from `snapshot.key_columns` has no constraint behind it: two rows with one key
+    would be one row to the merger, or split by a chunk boundary (the next chunk starts
+    after the key, so the second would never be read). Rows sorted by the key put such rows
+    side by side, here or across the boundary (the extra row read to tell whether more
+    follow); the comparison is the server's, as the ORDER BY and the cursor's are."""
+    order = ", ".join(_q(k) for k in keys)
+    same = " AND ".join(f"c.{_q(k)} <=> LAG(c.{_q(k)}) OVER w" for k in keys)
+    return (f"SELECT c.*, {same} FROM ({query}) AS c "  # noqa: S608 - quoted identifiers
+            f"WINDOW w AS (ORDER BY {order}) ORDER BY {order}")
+
+
+def _repeated(table: _Table, key: list[Any]) -> ConfigError:
+    return ConfigError(
+        f"spec.source.snapshot.key_columns: {table.database}.{table.name} has two rows with "
+        f"{', '.join(table.chunk_key)} = {', '.join(map(cursor_text, key))} (equal as the "
+        "server compares them); give columns that are unique (and not null)")
 
 
 @dataclass
@@ -164,12 +192,13 @@ class _Table:
     name: str
     shape: TableShape
     decoder: RowDecoder
-    chunk_key: tuple[str, ...]  # the primary key in index order (ORDER BY, cursor)
+    chunk_key: tuple[str, ...]  # the primary key in index order, or the given key (ORDER BY)
     select: str  # the column list
     forms: list[tuple[str, Callable[[Any], Any] | None]]
     binary_keys: frozenset[str]
     estimate: int
     sequence: int = 0
+    given: bool = False  # chunk_key from `snapshot.key_columns`: no constraint behind it
     kinds: bytes = field(init=False)  # `chunk_rows`' per column (`RowDecoder.read_encoders`)
     encoders: tuple[Callable[[Any], bytes], ...] = field(init=False)
 
@@ -179,11 +208,13 @@ class _Table:
 
 class MysqlChunks:
     """`ChunkSource` for MySQL/MariaDB (module docstring); one connection, used by the
-    snapshot worker's thread only."""
+    snapshot worker's thread only. `key_columns`: `snapshot.key_columns`."""
 
     def __init__(self, settings: ConnectionSettings, source_id: str, tenant: str,
-                 flavor: str, signal: SignalTable, control: ControlClient) -> None:
+                 flavor: str, signal: SignalTable, control: ControlClient,
+                 key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
         self.settings = settings
+        self.given = key_columns or {}
         self.source_id = source_id
         self.tenant = tenant
         self.flavor = flavor
@@ -212,7 +243,7 @@ class MysqlChunks:
     def _load(self, table: str) -> _Table:
         database, _, name = table.partition(".")
         conn = self._connection()
-        shape = catalog_shape(conn, database, name)
+        shape = catalog_shape(conn, database, name, self.given.get(table, ()))
         if not shape.columns:
             raise ConfigError(f"table {table} does not exist (any more)")
         with conn.cursor() as cur:
@@ -227,6 +258,9 @@ class MysqlChunks:
             cur.execute("SELECT COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES "
                         "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, name))
             row = cur.fetchone()
+        given = not chunk_key and not any(c.key for c in shape.columns) and bool(shape.key_columns)
+        if given:
+            chunk_key = shape.key_columns
         shape = _shape_for_rows(shape, column_types)
         # FLOAT widened to double, as the binlog library reads it (text would round it)
         select = ", ".join(f"{_q(c.name)} + 0e0" if c.type == "float" else _q(c.name)
@@ -235,7 +269,7 @@ class MysqlChunks:
                            if c.type.split("(")[0] in _BINARY_TYPES)
         return _Table(database, name, shape, RowDecoder(shape), chunk_key, select,
                       [(c.name, binlog_form(c.type, self.flavor)) for c in shape.columns],
-                      binary, int(row[0]) if row else 0)
+                      binary, int(row[0]) if row else 0, given=given)
 
     # -- ChunkSource --------------------------------------------------------------------
 
@@ -245,8 +279,13 @@ class MysqlChunks:
     def plan(self, table: str) -> TablePlan:
         self._tables.pop(table, None)  # the catalog as it is now
         found = self._table(table)
+        if not found.chunk_key and found.shape.key_columns:  # a unique index the server promoted
+            raise ConfigError(f"{table} has no primary key, only a unique index on NOT NULL "
+                              f"columns ({', '.join(found.shape.key_columns)}), which Tailrace "
+                              "cannot read it in chunks by yet: make it the primary key")
         if not found.chunk_key:
-            raise ConfigError(f"{table} has no primary key to read it in chunks by: add one")
+            raise ConfigError(f"{table} has no primary key to read it in chunks by: add one, or "
+                              "give its columns in spec.source.snapshot.key_columns")
         ordered_apart = [c.name for c in found.shape.columns if c.name in found.chunk_key
                          and c.type.startswith(("enum(", "set("))]
         if ordered_apart:  # sorted by member number, compared as text: chunks would skip rows
@@ -339,6 +378,11 @@ class MysqlChunks:
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             raw_rows = list(cur.fetchall_unbuffered())  # limit + 1 rows at most
+        if table.given:  # its last column: a repeated key (`_with_repeats`)
+            for raw in raw_rows:
+                if raw[-1]:
+                    raise _repeated(table, [raw[i] for i in key_index])
+            raw_rows = [raw[:-1] for raw in raw_rows]
         more = len(raw_rows) > limit
         del raw_rows[limit:]  # the extra row only says the table goes on
         rows = chunk_rows(raw_rows, table.kinds, table.encoders, tuple(table.decoder.prefixes),
@@ -373,7 +417,7 @@ class MysqlChunks:
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         query += f" ORDER BY {', '.join(_q(k) for k in keys)} LIMIT {int(limit) + 1}"
-        return query, params
+        return (_with_repeats(query, keys) if table.given else query), params
 
     def write_high(self, token: str) -> None:
         self._write(token, high=True)

@@ -130,9 +130,8 @@ class SnapshotService:
         keyless = [t for t in tables if not selected[t].key_columns]
         if keyless:
             raise FailedPrecondition(
-                f"{', '.join(keyless)} has no primary key to read it in chunks by: add one"
-                + (", or name its key in spec.source.snapshot.key_columns"
-                   if info.source_type == "postgres" else ""))
+                f"{', '.join(keyless)} has no primary key to read it in chunks by: add one, or "
+                "name its key in spec.source.snapshot.key_columns")
         now = int(time.time() * 1000)
 
         def edit(state: pb.SnapshotState) -> None:

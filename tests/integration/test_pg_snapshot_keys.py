@@ -12,7 +12,6 @@ keyed by the columns the spec names; and what is refused, naming the fix.
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 import psycopg
@@ -44,14 +43,7 @@ def logs_of(dsn: str) -> dict[tuple[str, int], str]:
 
 
 def wait_entry(rig: CaptureRig, until: Any, timeout: float = 120) -> pb.SnapshotTable:
-    deadline = time.monotonic() + timeout
-    while True:
-        entry = next((t for t in rig.control.client.snapshot_state(rig.name).tables
-                      if t.table == "public.logs"), None)
-        if entry is not None and until(entry):
-            return entry
-        assert time.monotonic() < deadline, entry
-        time.sleep(0.1)
+    return rig.snapshot_entry("public.logs", until, timeout)
 
 
 def values(event: ChangeEvent) -> dict[str, Any]:

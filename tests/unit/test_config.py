@@ -309,9 +309,12 @@ def test_snapshot_settings_are_checked_and_what_is_not_built_is_refused():
         assert spec.spec.source.snapshot.parallelism == 2
     assert parse_pipeline(mysql("{mode: initial}"), env=env).spec.source.snapshot.signal_table \
         is None  # the default, tailrace.snapshot_signal (capture_mysql/signal_table.py)
+    keyed = parse_pipeline(mysql("{key_columns: {shop.orders: [region, n]}}"), env=env)
+    assert keyed.spec.source.snapshot.key_columns == {"shop.orders": ["region", "n"]}
     for bad, match in [("{mode: sometimes}", r"snapshot\.mode"),
                        ("{parallelism: 0}", r"snapshot\.parallelism"),
-                       ("{key_columns: {shop.orders: [id]}}", r"snapshot\.key_columns"),
+                       ("{key_columns: {shop.other: [id]}}", "does not select"),
+                       ("{key_columns: {shop.orders: []}}", r"snapshot\.key_columns"),
                        ("{signal_table: nodot}", r"snapshot\.signal_table")]:
         with pytest.raises(ConfigError, match=match):
             parse_pipeline(mysql(bad), env=env)

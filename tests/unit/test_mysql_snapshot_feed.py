@@ -32,9 +32,11 @@ from tailrace_services.capture_mysql.values import RowDecoder
 SIGNAL = SignalTable.parse(None)
 
 
-def _table(keys: tuple[str, ...], binary: frozenset[str] = frozenset()) -> _Table:
+def _table(keys: tuple[str, ...], binary: frozenset[str] = frozenset(), given: bool = False
+           ) -> _Table:
     shape = TableShape("shop", "t", ())
-    return _Table("shop", "t", shape, RowDecoder(shape), keys, "`a`, `b`", [], binary, 0)
+    return _Table("shop", "t", shape, RowDecoder(shape), keys, "`a`, `b`", [], binary, 0,
+                  given=given)
 
 
 def test_the_chunk_query_ranges_on_the_first_key_column_and_escapes_the_filter() -> None:
@@ -46,6 +48,17 @@ def test_the_chunk_query_ranges_on_the_first_key_column_and_escapes_the_filter()
                      "(`r` = %s AND `id` > UNHEX(%s))) AND (body LIKE 'b%%') "
                      "ORDER BY `r`, `id` LIMIT 6")
     assert params == ["r3", "r3", "r3", "00ff"]
+
+
+def test_a_chunk_by_a_given_key_says_which_row_repeats_the_key_before_it() -> None:
+    """`snapshot.key_columns`: the same chunk, each row flagged when the server compares its
+    key equal to the row's before it (the extra row included)."""
+    query, params = MysqlChunks._query(None, _table(("h", "n"), given=True), ["a", "1"], 5, "")  # type: ignore[arg-type]
+    assert query == ("SELECT c.*, c.`h` <=> LAG(c.`h`) OVER w AND c.`n` <=> LAG(c.`n`) OVER w "
+                     "FROM (SELECT `a`, `b` FROM `shop`.`t` WHERE `h` >= %s AND ((`h` > %s) OR "
+                     "(`h` = %s AND `n` > %s)) ORDER BY `h`, `n` LIMIT 6) AS c "
+                     "WINDOW w AS (ORDER BY `h`, `n`) ORDER BY `h`, `n`")
+    assert params == ["a", "a", "a", "1"]
 
 
 def test_cursor_values_are_text_the_server_compares_like_the_column() -> None:

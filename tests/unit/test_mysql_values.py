@@ -127,3 +127,17 @@ def test_fingerprint_follows_names_types_and_keys() -> None:
     assert len({fingerprint(a), fingerprint(b), fingerprint(c)}) == 3
     assert fingerprint(a) == fingerprint(
         shape_from_table_map("s", "t", [col("id", FIELD_TYPE.LONG, is_primary=True)], {}))
+
+
+def test_a_given_key_keys_a_table_without_its_own_and_leaves_the_fingerprint() -> None:
+    """`snapshot.key_columns` (`TableShape.given_key`): the key of a table without a primary
+    key that has every one of its columns; never over a primary key; not fingerprinted."""
+    host, seq = col("host", FIELD_TYPE.VARCHAR), col("seq", FIELD_TYPE.LONG)
+    keyless = shape_from_table_map("s", "logs", [host, seq], {})
+    given = shape_from_table_map("s", "logs", [host, seq], {}, ["seq", "host"])
+    assert keyless.key_columns == () and given.key_columns == ("seq", "host")
+    assert fingerprint(given) == fingerprint(keyless)
+    assert shape_from_table_map("s", "logs", [host], {}, ["seq", "host"]).key_columns == ()
+    own = shape_from_table_map("s", "logs", [host, col("seq", FIELD_TYPE.LONG, is_primary=True)],
+                               {}, ["host"])
+    assert own.key_columns == ("seq",)

@@ -168,9 +168,10 @@ class SnapshotSpec(_Spec):
     chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
     # tables read at once, each by its own connection (one table: one connection, in order)
     parallelism: Annotated[int, Field(ge=1, le=16)] = 2
-    # a key for a table without one of its own (schema.table: [columns]): its chunks are
-    # read by it and its events, streamed and read, are keyed by it (PostgreSQL: the table
-    # needs REPLICA IDENTITY FULL, so that updates and deletes carry those columns)
+    # a key for a table without one of its own (schema.table, db.table on mysql: [columns]):
+    # its chunks are read by it and its events, streamed and read, are keyed by it
+    # (PostgreSQL: the table needs REPLICA IDENTITY FULL, MySQL/MariaDB binlog_row_image=FULL,
+    # so that updates and deletes carry those columns)
     key_columns: dict[str, Annotated[list[str], Field(min_length=1)]] = {}
 
     @field_validator("key_columns")
@@ -226,13 +227,6 @@ class PostgresSourceSpec(_SourceBase):
 class MysqlSourceSpec(_SourceBase):
     type: Literal["mysql"]
     server_id: Annotated[int, Field(gt=0, lt=2**32)] | None = None
-
-    @model_validator(mode="after")
-    def _snapshot_supported(self) -> MysqlSourceSpec:
-        if self.snapshot.key_columns:
-            raise ValueError("snapshot.key_columns is not available for mysql sources yet "
-                             "(PostgreSQL only)")
-        return self
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_mysql_dsn)))
 

@@ -36,10 +36,9 @@ FAILURES_BEFORE_FAILED = 3
 PENDING_CHUNKS = 4
 
 
-def _no_key(table: str, pipeline: PipelineSpec) -> str:
-    fix = (", or name its key in spec.source.snapshot.key_columns"
-           if pipeline.spec.source.type == "postgres" else "")
-    return f"{table} has no primary key to read it in chunks by: add one{fix}"
+def _no_key(table: str) -> str:
+    return (f"{table} has no primary key to read it in chunks by: add one, or name its key in "
+            "spec.source.snapshot.key_columns")
 
 
 class Recovered(NamedTuple):
@@ -163,7 +162,7 @@ class SnapshotWorker:
                     if not keys:
                         state.tables.add(table=table, state=pb.SNAPSHOT_FAILED,
                                          updated_unix_ms=now,
-                                         reason=_no_key(table, self.pipeline))
+                                         reason=_no_key(table))
                         continue
                     state.tables.add(table=table, state=pb.SNAPSHOT_PENDING,
                                      requested_unix_ms=now, updated_unix_ms=now,
