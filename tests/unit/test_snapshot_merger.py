@@ -171,3 +171,31 @@ def test_a_read_transaction_is_what_stamping_each_event_gives() -> None:
         expected.snapshot.last = index == 2
         assert decode_record(value).event == expected
         assert key == bus_key(expected)
+
+
+def test_a_discarded_chunk_takes_the_next_one_read_meanwhile_with_it() -> None:
+    """The worker reads chunk 2 while chunk 1 merges (it starts where chunk 1 ends). Chunk 1
+    is discarded at its high watermark (a transaction hidden from its read that the stream
+    did not record): chunk 2 is discarded with it, so no row past chunk 1's is published
+    before chunk 1's are; a chunk announced after that is refused."""
+    merger = SnapshotMerger("src", "acme")
+    merger.record("public.t", KEYS)
+    template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
+    first = Chunk("public.t", KEYS, request_id=1, number=1)
+    second = Chunk("public.t", KEYS, request_id=1, number=2)
+    other = Chunk("public.u", KEYS, request_id=1, number=2)
+    assert merger.open("t1", first)
+    merger.fill("t1", ChunkRows(template, encoded(read(i) for i in (1, 2)), ["2"], more=True,
+                                hidden={"77"}, hidden_unrecorded_is_unsafe={"77"}))
+    assert merger.open("t2", second, after=first)
+    assert merger.open("u2", other)
+    merger.fill("t2", ChunkRows(template, encoded(read(i) for i in (3, 4)), ["4"], more=False))
+    merger.fill("u2", ChunkRows(template, encoded(read(i) for i in (8,)), ["8"], more=False))
+    out = published(merger, [
+        Watermark("t1", False, Position(tx_seq=11)), Watermark("t1", True, Position(tx_seq=12)),
+        Watermark("t2", False, Position(tx_seq=13)), Watermark("u2", False, Position(tx_seq=14)),
+        Watermark("t2", True, Position(tx_seq=15)), Watermark("u2", True, Position(tx_seq=16))])
+    assert (first.outcome, second.outcome, other.outcome) == ("discarded", "discarded",
+                                                              "published")
+    assert [ids(t) for t in out] == [[8]], "only the other table's chunk"
+    assert not merger.open("t3", Chunk("public.t", KEYS, request_id=1, number=2), after=first)

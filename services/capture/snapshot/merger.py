@@ -76,13 +76,21 @@ class SnapshotMerger:
             self._recorded.pop(table, None)
             self._keys.pop(table, None)
 
-    def open(self, token: str, chunk: Chunk) -> None:
+    def open(self, token: str, chunk: Chunk, after: Chunk | None = None) -> bool:
+        """Announce a chunk. `after`: the table's chunk before it, read but still merging
+        (the worker reads the next chunk meanwhile): if it was discarded, this one is
+        refused (False) — it would start past rows not published."""
         with self._lock:
+            if after is not None and after.outcome == "discarded":
+                return False
             self._chunks[token] = chunk
+            return True
 
     def fill(self, token: str, rows: ChunkRows) -> None:
         with self._lock:
-            self._chunks[token].rows = rows
+            chunk = self._chunks.get(token)
+            if chunk is not None:  # else discarded meanwhile (`_discard`)
+                chunk.rows = rows
 
     def abandon(self, token: str) -> None:
         with self._lock:
@@ -157,7 +165,7 @@ class SnapshotMerger:
                 chunk.cleared_at = mark.position
             return
         if not chunk.low_seen or chunk.rows is None:
-            self._finish(chunk, "discarded")
+            self._discard(chunk)
             return
         rows = chunk.rows
         with self._lock:
@@ -174,14 +182,14 @@ class SnapshotMerger:
                     log.info("snapshot chunk read again: a transaction before its TRUNCATE "
                              "was not visible to its read", table=chunk.table,
                              chunk=chunk.number, tx_id=tx_id)
-                    self._finish(chunk, "discarded")
+                    self._discard(chunk)
                     return
                 chunk.dirty.update(hidden[tx_id])
             elif tx_id in rows.hidden_unrecorded_is_unsafe:
                 log.warning("snapshot chunk read again: a transaction committed before it was "
                             "not visible to its read and was not seen by the stream",
                             table=chunk.table, chunk=chunk.number, tx_id=tx_id)
-                self._finish(chunk, "discarded")
+                self._discard(chunk)
                 return
         if () in chunk.dirty:  # a TRUNCATE of the table between the watermarks
             kept: list[ReadRow] = []
@@ -216,6 +224,21 @@ class SnapshotMerger:
         yield events
         yield Commit(stamp, position, now_us, tx_id)
         mark.published.append(True)
+
+    def _discard(self, chunk: Chunk) -> None:
+        """The chunk is read again, and with it every later chunk of its table already
+        announced: each starts where the one before it ends, so none may be published
+        before this one's rows are. Their high watermarks come after this one's: none was
+        published yet."""
+        with self._lock:
+            later = [(token, c) for token, c in self._chunks.items()
+                     if c.table == chunk.table and c.request_id == chunk.request_id
+                     and c.number > chunk.number]
+            for token, _ in later:
+                del self._chunks[token]
+            self._finish(chunk, "discarded")
+            for _, c in later:
+                self._finish(c, "discarded")
 
     @staticmethod
     def _finish(chunk: Chunk, outcome: str) -> None:

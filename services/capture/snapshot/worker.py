@@ -49,6 +49,20 @@ class Recovered(NamedTuple):
     exclude: set[Key]
 
 
+class Reading(NamedTuple):
+    """A chunk handed to the merger, and its token there."""
+
+    token: str
+    chunk: Chunk
+
+
+def _stored(chunk: Chunk, number: int, cursor: list[str] | None) -> pb.SnapshotChunk:
+    """A published chunk as the record keeps it until an epoch covers it."""
+    return pb.SnapshotChunk(chunk=number, cursor=json.dumps(cursor) if cursor else "",
+                            tx_seq=chunk.position.tx_seq if chunk.position else 0,
+                            rows=chunk.published_rows, last=chunk.last)
+
+
 class SnapshotWorker:
     """Reads the tables the snapshot record asks for, one chunk at a time (module
     docstring). Runs for one capture session; `stop()` ends it.
@@ -255,6 +269,7 @@ class SnapshotWorker:
             if entry.state not in ACTIVE:
                 return
         self.merger.record(table, plan.key_columns)
+        ahead: Reading | None = None  # read, merging: its outcome not known yet
         try:
             source.begin_table(plan)
             now = int(time.time() * 1000)
@@ -269,14 +284,30 @@ class SnapshotWorker:
                 if current is None or current.request_id != request_id or \
                         current.state not in ACTIVE:
                     if current is not None and current.request_id == request_id:
+                        if ahead is not None and (chunk := self._outcome(ahead)) is not None \
+                                and chunk.published_rows:
+                            pending.append(_stored(chunk, number + 1, chunk.cursor or cursor))
                         self._settle(table, request_id, pending, 0, progress)  # on the bus
                     log.info("snapshot of table stopped", table=table,
                              state=pb.SnapshotTableState.Name(current.state) if current else None)
                     return
-                chunk = self._chunk(source, plan, cursor, request_id, number + 1, entry.where,
-                                    exclude, entry.reset and number == 0)
-                if chunk is None:
-                    continue  # discarded: read it again
+                if ahead is None:
+                    ahead = self._start(source, plan, cursor, request_id, number + 1,
+                                        entry.where, exclude, entry.reset and number == 0)
+                # the next chunk is read while this one merges: it starts where this one
+                # ends, and is discarded with it (`SnapshotMerger.open`). Not after a
+                # TRUNCATE: what it may exclude is known once the TRUNCATE is on its way.
+                after = None
+                if ahead is not None and not ahead.chunk.last and ahead.chunk.cleared is None:
+                    after = self._start(source, plan, ahead.chunk.cursor, request_id,
+                                        number + 2, entry.where, exclude, False, ahead)
+                chunk = self._outcome(ahead) if ahead is not None else None
+                if chunk is None:  # discarded: read it again (the next one went with it)
+                    if after is not None:
+                        self._outcome(after)
+                    ahead = None
+                    continue
+                ahead = after
                 number += 1
                 if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
                     exclude.clear()
@@ -284,10 +315,7 @@ class SnapshotWorker:
                 # keys found on the bus do
                 cursor = chunk.cursor if chunk.cursor is not None else cursor
                 if chunk.published_rows:
-                    pending.append(pb.SnapshotChunk(
-                        chunk=number, cursor=json.dumps(cursor) if cursor else "",
-                        tx_seq=chunk.position.tx_seq if chunk.position else 0,
-                        rows=chunk.published_rows, last=chunk.last))
+                    pending.append(_stored(chunk, number, cursor))
                 else:  # nothing published: done once those before it are
                     self._settle(table, request_id, pending, 0, progress)
                     if chunk.cleared_at is not None:  # and its TRUNCATE
@@ -304,6 +332,8 @@ class SnapshotWorker:
                 if chunk.last and not pending:
                     return
         finally:
+            if ahead is not None:  # its high watermark is written: its merge needs the
+                self._outcome(ahead)  # table's recorded transactions, and a retry its record
             self.merger.forget(table)
 
     def _settle(self, table: str, request_id: int, pending: deque[pb.SnapshotChunk],
@@ -338,17 +368,19 @@ class SnapshotWorker:
                      rows_estimated=progress.estimate, rows_per_s=round(progress.rate),
                      chunks=chunk.chunk, done=chunk.last)
 
-    def _chunk(self, source: ChunkSource, plan: TablePlan, cursor: list[str] | None,
-               request_id: int, number: int, where: str, exclude: set[Key], reset: bool
-               ) -> Chunk | None:
-        """Read and merge one chunk: the chunk once the stream passed its high watermark,
-        or None when it was discarded (read it again). With `reset`, the table's TRUNCATE
-        goes first, at the low watermark: every row is then read after it."""
+    def _start(self, source: ChunkSource, plan: TablePlan, cursor: list[str] | None,
+               request_id: int, number: int, where: str, exclude: set[Key], reset: bool,
+               after: Reading | None = None) -> Reading | None:
+        """Read one chunk and hand it to the merger, between its watermarks; None when
+        `after` (the table's chunk before it, still merging) was discarded already. With
+        `reset`, the table's TRUNCATE goes first, at the low watermark: every row is then
+        read after it."""
         token = f"{self.pipeline.spec.source.id}:{request_id}:{plan.table}:{number}:" \
                 f"{time.time_ns()}"
         chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude,
                       cleared=source.cleared(plan) if reset else None)
-        self.merger.open(token, chunk)
+        if not self.merger.open(token, chunk, after.chunk if after is not None else None):
+            return None
         try:
             rows = source.read_chunk(plan, cursor, self.chunk_size, where, token)
             chunk.last = not rows.more
@@ -369,9 +401,15 @@ class SnapshotWorker:
         except BaseException:
             self.merger.abandon(token)
             raise
+        return Reading(token, chunk)
+
+    def _outcome(self, reading: Reading) -> Chunk | None:
+        """The chunk once the stream passed its high watermark, or None when it was
+        discarded (read it again)."""
+        chunk = reading.chunk
         while not chunk.done.wait(0.5):
             if self._stopped.is_set():
-                self.merger.abandon(token)
+                self.merger.abandon(reading.token)
                 return None
         if chunk.outcome == "discarded":
             self.metrics.chunks_read_again.inc()
