@@ -237,7 +237,10 @@ class RowDecoder:
 
 
 def _encode(form: Callable[[Any], Any] | None, convert: Converter, value: Any) -> bytes:
-    return value_bytes(convert(form(value) if form is not None else value))
+    """PyMySQL's value -> the binlog library's (`form`; a JSON `null` becomes None, as the
+    binlog has it: NULL) -> ours."""
+    formed = form(value) if form is not None else value
+    return NULL if formed is None else value_bytes(convert(formed))
 
 
 def _uuid_text(form: Callable[[Any], Any] | None, value: Any) -> bytes:

@@ -293,7 +293,7 @@ _ENCODERS: dict[Converter, Encoder] = {
 }
 
 
-# The C encoder's fast path per converter (`_cwire.pg_values`, `pg_chunk_rows`): what it
+# The C encoder's fast path per converter (`_cwire.values`, `chunk_rows`): what it
 # writes for a well-formed text equals the Python encoder's; anything else it hands to it.
 _KINDS: dict[Converter, int] = {
     int: 1, _bool: 2, _text: 3, Json: 4, uuid.UUID: 5, _timestamp: 6, Decimal: 7,

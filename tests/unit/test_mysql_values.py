@@ -141,3 +141,28 @@ def test_a_given_key_keys_a_table_without_its_own_and_leaves_the_fingerprint() -
     own = shape_from_table_map("s", "logs", [host, col("seq", FIELD_TYPE.LONG, is_primary=True)],
                                {}, ["host"])
     assert own.key_columns == ("seq",)
+
+
+def test_snapshot_read_encoders_give_what_the_binlog_path_gives() -> None:
+    """`read_encoders` (a snapshot's rows through `chunk_rows`) against `row` on the
+    binlog library's values: a MySQL JSON `null` is NULL in both, a UUID's text taken as it
+    is equals the converted one."""
+    from tailrace.events._wire import NULL
+    from tailrace_services.capture.snapshot import chunk_rows
+    from tailrace_services.capture_mysql.snapshot import binlog_form
+
+    shape = TableShape("shop", "t", (ColumnShape("id", "bigint", True, FIELD_TYPE.LONGLONG),
+                                     ColumnShape("j", "json", False, FIELD_TYPE.JSON),
+                                     ColumnShape("u", "uuid", False, FIELD_TYPE.STRING,
+                                                 max_length=16)))
+    decoder = RowDecoder(shape)
+    kinds, encoders = decoder.read_encoders([binlog_form(c.type, "mysql")
+                                             for c in shape.columns])
+    u = uuid.UUID(int=12345)
+    for read, streamed in ([(1, "null", str(u)), {"id": 1, "j": None, "u": u.bytes}],
+                           [(2, '{"a": 1}', str(u).upper()), {"id": 2, "j": {"a": 1},
+                                                               "u": u.bytes}]):
+        rows = chunk_rows([read], kinds, encoders, tuple(decoder.prefixes), (0,), (0,), b"h")
+        [(_, row)] = rows.values()
+        assert row == decoder.row(streamed).SerializeToString(), read
+    assert encoders[1]("null") == NULL

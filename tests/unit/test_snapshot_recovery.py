@@ -4,7 +4,7 @@ restart, and which keys the bus holds already."""
 from __future__ import annotations
 
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.capture.snapshot.recovery import Found, OnBus, settle
+from tailrace_services.capture.snapshot.recovery import Found, OnBus, settle, still_in_flight
 
 
 def _entry(*attempts: pb.SnapshotChunk, reset: bool = False) -> pb.SnapshotTable:
@@ -63,3 +63,33 @@ def test_a_truncate_already_in_a_recorded_epoch_needs_no_finding() -> None:
                    reset=True)
     settled = settle(entry, covered=10, found=Found(reads={12: _on_bus(2, 1, 2)}))
     assert [c.chunk for c in settled.done] == [1]
+
+
+def test_attempts_found_part_way_before_a_reset_truncate_exclude_nothing_once_it_is_stored(
+) -> None:
+    """Process A: reset chunk 1 (its TRUNCATE lost on another partition) and chunk 2 whole
+    on the bus. Restart B: chunk 1 is read again (a new TRUNCATE), chunk 2's attempt is
+    kept for its keys. Once B stores chunk 1, those keys are gone from the sinks: a restart
+    C must read them again, not exclude them."""
+    a1 = pb.SnapshotChunk(chunk=1, tx_seq=12, rows=2, cleared_tx_seq=11)
+    a2 = pb.SnapshotChunk(chunk=2, tx_seq=13, rows=2)
+    at_b = settle(_entry(a1, a2, reset=True), covered=10,
+                  found=Found(reads={12: _on_bus(2, 1, 2, partition=1),
+                                     13: _on_bus(2, 3, 4, partition=1)}))
+    assert at_b.done == [] and at_b.exclude == {(b"\x03",), (b"\x04",)}
+    b1 = pb.SnapshotChunk(chunk=1, tx_seq=21, rows=2, cleared_tx_seq=20, cursor="[\"2\"]")
+    b2 = pb.SnapshotChunk(chunk=2, tx_seq=22, rows=1)  # B's own, published after TRUNCATE 20
+    kept = still_in_flight([*at_b.partial, b1, b2], b1)
+    assert kept == [b2], "the attempts from before TRUNCATE 20 are dropped"
+    at_c = settle(pb.SnapshotTable(table="public.t", request_id=3, reset=True, chunks_done=1,
+                                   inflight=kept), covered=20,
+                  found=Found(reads={22: _on_bus(2, 5)}))
+    assert at_c.exclude == {(b"\x05",)}
+
+
+def test_without_a_reset_an_attempt_found_part_way_stays_until_the_table_is_done() -> None:
+    partial = pb.SnapshotChunk(chunk=2, tx_seq=13, rows=2, partial_from={0: 5}, partial_to={0: 6})
+    later = pb.SnapshotChunk(chunk=3, tx_seq=14, rows=2)
+    assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=2)) == [partial, later]
+    assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=3)) == [partial]
+    assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=3, last=True)) == []

@@ -251,3 +251,9 @@ def test_c_python_values() -> None:
     for out_of_range in (2**64, -(2**63) - 1):
         with pytest.raises(ValueError, match="out of range"):
             cwire.values(bytes([chunks.KIND_OBJECT]), (value_bytes,), [out_of_range])
+
+
+def test_c_chunk_rows_refuses_what_is_not_bytes() -> None:
+    with pytest.raises(TypeError, match="prefixes must be bytes"):
+        cwire.chunk_rows([(1,)], bytes([chunks.KIND_OBJECT]), (value_bytes,), ("abc",),  # type: ignore[arg-type]
+                         (0,), (0,), b"h")

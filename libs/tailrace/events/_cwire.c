@@ -357,8 +357,11 @@ static PyObject *py_values(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *out = PyList_New(columns);
     Buf b = {0};
     for (Py_ssize_t c = 0; out != NULL && c < columns; c++) {
-        if (buf_value(&b, kinds[c], PySequence_Fast_GET_ITEM(texts, c),
-                         PyTuple_GET_ITEM(args[1], c)) < 0) {
+        PyObject *item = PySequence_Fast_GET_ITEM(texts, c);
+        Py_INCREF(item);  /* held while a Python fallback runs */
+        int rc = buf_value(&b, kinds[c], item, PyTuple_GET_ITEM(args[1], c));
+        Py_DECREF(item);
+        if (rc < 0) {
             Py_CLEAR(out);
             break;
         }
@@ -414,6 +417,24 @@ done:
     return out;
 }
 
+/* One row's values (`values`, split at `starts`) and its serialized Row (`row`). */
+static int chunk_row(Buf *values, Buf *row, PyObject *raw, const char *kinds, PyObject *fallbacks,
+                     PyObject *prefixes, Py_ssize_t *starts, Py_ssize_t columns) {
+    values->size = 0;
+    for (Py_ssize_t c = 0; c < columns; c++) {
+        starts[c] = values->size;
+        if (buf_value(values, kinds[c], PyTuple_GET_ITEM(raw, c), PyTuple_GET_ITEM(fallbacks, c)) < 0)
+            return -1;
+    }
+    starts[columns] = values->size;
+    row->size = 0;
+    for (Py_ssize_t c = 0; c < columns; c++)
+        if (buf_column(row, PyTuple_GET_ITEM(prefixes, c), values->data + starts[c],
+                       starts[c + 1] - starts[c]) < 0)
+            return -1;
+    return 0;
+}
+
 /* chunk_rows(raw_rows, kinds, fallbacks, prefixes, key_index, bus_index, head)
  *   -> {key: (bus_key, row)}: a snapshot chunk's rows (each connector's snapshot.py). */
 static PyObject *py_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -436,7 +457,13 @@ static PyObject *py_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t *starts = PyMem_Calloc((size_t)columns + 1, sizeof(Py_ssize_t));
     PyObject *out = PyDict_New();
     Buf values = {0}, row = {0};
-    if (keys == NULL || starts == NULL || out == NULL) goto fail;
+    if (keys == NULL || starts == NULL) { PyErr_NoMemory(); goto fail; }
+    if (out == NULL) goto fail;
+    for (Py_ssize_t c = 0; c < columns; c++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(prefixes, c))) {
+            PyErr_SetString(PyExc_TypeError, "chunk_rows: prefixes must be bytes");
+            goto fail;
+        }
     for (Py_ssize_t k = 0; k < nkeys + nbus; k++) {
         PyObject *index = PyTuple_GET_ITEM(k < nkeys ? key_index : bus_index, k < nkeys ? k : k - nkeys);
         keys[k] = PyLong_AsSsize_t(index);
@@ -451,19 +478,10 @@ static PyObject *py_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t
             PyErr_SetString(PyExc_ValueError, "chunk_rows: a row is not a tuple of the columns");
             goto fail;
         }
-        values.size = 0;
-        for (Py_ssize_t c = 0; c < columns; c++) {
-            starts[c] = values.size;
-            if (buf_value(&values, kinds[c], PyTuple_GET_ITEM(raw, c),
-                             PyTuple_GET_ITEM(fallbacks, c)) < 0)
-                goto fail;
-        }
-        starts[columns] = values.size;
-        row.size = 0;
-        for (Py_ssize_t c = 0; c < columns; c++)
-            if (buf_column(&row, PyTuple_GET_ITEM(prefixes, c), values.data + starts[c],
-                           starts[c + 1] - starts[c]) < 0)
-                goto fail;
+        Py_INCREF(raw);  /* held while Python fallbacks run: they could change the list */
+        int rc = chunk_row(&values, &row, raw, kinds, fallbacks, prefixes, starts, columns);
+        Py_DECREF(raw);
+        if (rc < 0) goto fail;
         PyObject *key = PyTuple_New(nkeys);
         if (key == NULL) goto fail;
         for (Py_ssize_t k = 0; k < nkeys; k++) {
@@ -490,7 +508,7 @@ static PyObject *py_chunk_rows(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(bus);
         Py_DECREF(encoded);
         if (pair == NULL) { Py_DECREF(key); goto fail; }
-        int rc = PyDict_SetItem(out, key, pair);
+        rc = PyDict_SetItem(out, key, pair);
         Py_DECREF(key);
         Py_DECREF(pair);
         if (rc < 0) goto fail;
@@ -657,10 +675,14 @@ static PyObject *py_event_ids(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "event_ids(prefix: bytes, start, count, ts_ms)");
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]), count = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
     uint64_t ts = PyLong_AsUnsignedLongLongMask(args[3]) & ((1ULL << 48) - 1);
     if (PyErr_Occurred()) return NULL;
     if (start < 0 || count < 0) { PyErr_SetString(PyExc_ValueError, "event_ids: negative index"); return NULL; }
+    if (start > PY_SSIZE_T_MAX - count) { PyErr_SetString(PyExc_OverflowError, "event_ids: index"); return NULL; }
     Py_ssize_t plen = PyBytes_GET_SIZE(args[0]);
     unsigned char *message = PyMem_Malloc((size_t)plen + 24);
     PyObject *out = message ? PyList_New(count) : NULL;

@@ -30,7 +30,7 @@ from tailrace.proto import control_pb2 as pb
 from tailrace.proto.event_pb2 import EpochMarker, Op
 from tailrace_services.capture.snapshot.chunks import Key, TablePlan, key_of, table_of
 
-__all__ = ["BusScan", "Found", "OnBus", "Settled", "settle"]
+__all__ = ["BusScan", "Found", "OnBus", "Settled", "settle", "still_in_flight"]
 
 SCAN_TIMEOUT_S = 60.0
 
@@ -109,6 +109,17 @@ def settle(entry: pb.SnapshotTable, covered: int, found: Found) -> Settled:
                 kept.partial_to[partition] = after
         partial.append(kept)
     return Settled(done, exclude, partial, newly_found)
+
+
+def still_in_flight(inflight: Iterable[pb.SnapshotChunk], done: pb.SnapshotChunk
+                    ) -> list[pb.SnapshotChunk]:
+    """The attempts to keep once chunk `done` is stored: later chunks', and those found
+    part-way, for their keys, until the table is done (`settle`). Not those once a
+    reset's `TRUNCATE` is stored (`done.cleared_tx_seq`): they were published before it,
+    so the sinks no longer hold their rows, and a later restart must read them again."""
+    return [c for c in inflight
+            if not (c.partial_from and done.cleared_tx_seq)
+            and (c.chunk > done.chunk or (c.partial_from and not done.last))]
 
 
 class BusScan:

@@ -21,7 +21,7 @@ from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan
 from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
 from tailrace_services.capture.snapshot.progress import ACTIVE, Progress, SnapshotProgress
-from tailrace_services.capture.snapshot.recovery import BusScan, settle
+from tailrace_services.capture.snapshot.recovery import BusScan, settle, still_in_flight
 
 __all__ = ["SnapshotWorker"]
 
@@ -57,10 +57,11 @@ class Reading(NamedTuple):
 
 
 def _stored(chunk: Chunk, number: int, cursor: list[str] | None) -> pb.SnapshotChunk:
-    """A published chunk as the record keeps it until an epoch covers it."""
+    """A chunk as `_done` stores it (once an epoch covers it, if it published rows)."""
     return pb.SnapshotChunk(chunk=number, cursor=json.dumps(cursor) if cursor else "",
                             tx_seq=chunk.position.tx_seq if chunk.position else 0,
-                            rows=chunk.published_rows, last=chunk.last)
+                            rows=chunk.published_rows, last=chunk.last,
+                            cleared_tx_seq=chunk.cleared_at.tx_seq if chunk.cleared_at else 0)
 
 
 class SnapshotWorker:
@@ -133,6 +134,10 @@ class SnapshotWorker:
         for chunk in settled.done:
             log.info("snapshot chunk found whole after a restart", table=entry.table,
                      chunk=chunk.chunk, in_recorded_epoch=chunk.tx_seq <= covered)
+        for chunk in settled.partial:
+            log.info("snapshot chunk found part-way after a restart: read again without "
+                     "its keys on the bus", table=entry.table, chunk=chunk.chunk,
+                     rows_on_bus=len(found.reads[chunk.tx_seq].keys))
         fields: dict[str, object] = {"inflight": [],
                                      "rows_done": entry.rows_done + settled.newly_found
                                      + sum(c.rows for c in settled.done)}
@@ -320,9 +325,7 @@ class SnapshotWorker:
                     self._settle(table, request_id, pending, 0, progress)
                     if chunk.cleared_at is not None:  # and its TRUNCATE
                         self._wait_on_bus(chunk.cleared_at.tx_seq)
-                    self._done(table, request_id, pb.SnapshotChunk(
-                        chunk=number, cursor=json.dumps(cursor) if cursor else "",
-                        last=chunk.last), progress)
+                    self._done(table, request_id, _stored(chunk, number, cursor), progress)
                     if chunk.last:
                         return
                     continue
@@ -356,9 +359,7 @@ class SnapshotWorker:
             fields["state"] = pb.SNAPSHOT_DONE
 
         def edit(entry: pb.SnapshotTable) -> None:
-            # an earlier process's attempt found part-way stays for its keys (`_recover`)
-            kept = [c for c in entry.inflight if c.chunk > chunk.chunk or
-                    (c.partial_from and not chunk.last)]
+            kept = still_in_flight(entry.inflight, chunk)
             del entry.inflight[:]
             entry.inflight.extend(kept)
 
