@@ -173,7 +173,9 @@ class DeliveryJob:
         log.info("batch delivered", batch=batch_id, events=report.events,
                  per_sink=report.delivered, lagging=report.lagging or None,
                  dead_letters=report.dead_letters or None,
-                 ms=round((committed_at - started) * 1000))
+                 ms=round((committed_at - started) * 1000),
+                 deliver_ms=round((delivered_at - started) * 1000),
+                 commit_ms=round((committed_at - delivered_at) * 1000))
         if self.on_batch is not None:
             self.on_batch(report, committed_at - started)
         if not report.policy_satisfied:
