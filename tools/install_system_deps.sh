@@ -35,6 +35,7 @@ have redis-server || missing+=(redis-server)
 have nats-server || missing+=(nats-server)
 have_java17 || missing+=(openjdk-17-jre-headless)
 have openssl || missing+=(openssl)  # the TLS tests make their certificates with it
+have gcc || missing+=(gcc)  # builds tailrace.events._cwire (setup.py)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
