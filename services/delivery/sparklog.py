@@ -99,6 +99,10 @@ def route_stderr(service: str = "delivery") -> Callable[[], None]:
         # print while the interpreter exits: in this run's format too
         sys.stderr.flush()
         sys.stderr = _LineFormatter(sys.stderr, fmt, service)
+        # the interpreter's finalization sets sys.stderr back to sys.__stderr__, and a
+        # daemon thread that fails then (the accumulator server's handler, its socket closed
+        # by the stopped JVM) would print its traceback raw
+        setattr(sys, "__stderr__", sys.stderr)  # noqa: B010 - typeshed calls it final
         os.dup2(keep, 2)  # the pipe ends once no process writes to it any more
         os.close(keep)
         thread.join(2.0)
