@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from tailrace.errors import PositionLostError
-from tailrace.events import ChangeEvent, Op, Position, Row, idempotency_key
+from tailrace.events import ChangeEvent, EventIds, Op, Position, Row, idempotency_key
 from tailrace.events import event_id as make_event_id
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
@@ -94,8 +94,8 @@ class EventFactory:
             schema_version=shape.fingerprint if shape else "", schema_sequence=sequence)
 
     def stamp(self, event: ChangeEvent, position: CapturePosition, *, index: int, size: int,
-              commit_ts: int, native: Position | None = None, captured_us: int = 0
-              ) -> ChangeEvent:
+              commit_ts: int, native: Position | None = None, captured_us: int = 0,
+              ids: EventIds | None = None) -> ChangeEvent:
         """Fill the transaction fields once the commit is known.
 
         `native` (the position's proto) and `captured_us` may be made once per
@@ -109,7 +109,8 @@ class EventFactory:
         event.position.event_index = index
         event.ts_source_micros = commit_ts * 1_000_000
         event.ts_captured_micros = captured_us or int(time.time() * 1_000_000)
-        event.id = make_event_id(self.source_id, position.gtid, index, commit_ts * 1000)
+        event.id = ids(index) if ids is not None else \
+            make_event_id(self.source_id, position.gtid, index, commit_ts * 1000)
         event.idempotency_key = idempotency_key(self.tenant, event.database, event.table,
                                                 event.tx_id, event.id)
         return event
@@ -183,9 +184,13 @@ class ChangeFeed:
         factory, native = self.factory, position.to_proto()
         captured_us = int(time.time() * 1_000_000)
 
+        ids: list[EventIds] = []  # made at the first event, when the size is known
+
         def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+            if not ids:
+                ids.append(EventIds(factory.source_id, position.gtid, commit_ts * 1000, size))
             return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
-                                 native=native, captured_us=captured_us)
+                                 native=native, captured_us=captured_us, ids=ids[0])
 
         return Commit(stamp, native, commit_ts * 1_000_000, position.gtid)
 

@@ -39,6 +39,7 @@ from tailrace.errors import FatalError
 from tailrace.events import (
     UNCHANGED_TOAST,
     ChangeEvent,
+    EventIds,
     Op,
     Position,
     PostgresPosition,
@@ -171,7 +172,8 @@ class EventFactory:
         return self.change(relation, _TRUNCATE, None, None, event_lsn, schema)
 
     def stamp(self, event: ChangeEvent, *, xid: int, tx_seq: int, end_lsn: int,
-              commit_ts_us: int, index: int, size: int) -> ChangeEvent:
+              commit_ts_us: int, index: int, size: int, ids: EventIds | None = None
+              ) -> ChangeEvent:
         """Fill the transaction fields once the commit is known (`tx_seq`: see position.py).
 
         The id depends only on the source id, `tx_seq` and the index, so a transaction
@@ -191,7 +193,8 @@ class EventFactory:
         postgres.commit_ts_us = commit_ts_us
         event.ts_source_micros = commit_ts_us
         event.ts_captured_micros = time.time_ns() // 1000
-        event.id = make_event_id(self.source_id, f"{tx_seq:X}", index, commit_ts_us // 1000)
+        event.id = ids(index) if ids is not None else \
+            make_event_id(self.source_id, f"{tx_seq:X}", index, commit_ts_us // 1000)
         event.idempotency_key = idempotency_key(
             self.tenant, self.database,
             f"{event.schema}.{event.table}" if event.schema else event.table, event.tx_id,
@@ -280,9 +283,13 @@ class ChangeFeed:
         timeline = factory.timelines.of(commit.commit_lsn)
         tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
 
+        ids: list[EventIds] = []  # made at the first event, when the size is known
+
         def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+            if not ids:
+                ids.append(EventIds(factory.source_id, f"{tx_seq:X}", ts // 1000, size))
             return factory.stamp(event, xid=xid, tx_seq=tx_seq, end_lsn=end_lsn,
-                                 commit_ts_us=ts, index=index, size=size)
+                                 commit_ts_us=ts, index=index, size=size, ids=ids[0])
 
         position = Position(tx_seq=tx_seq, postgres=PostgresPosition(
             commit_lsn=end_lsn, timeline=timeline, xid=xid, commit_ts_us=ts))

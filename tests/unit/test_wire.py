@@ -280,3 +280,13 @@ def test_c_bus_keys() -> None:
     for event in events:
         assert bus_key(event) == _py_bus_key(event), event
     assert cwire.row_key(b"h", b"\x0a\x05\x0a\x01a\x1a", ["a"]) is None, "malformed: Python's"
+
+
+@pytest.mark.parametrize("size", [1, 2, 511, 512, 513, 1500])
+def test_event_ids_of_a_transaction_in_blocks(size: int) -> None:
+    from tailrace.events import EventIds
+
+    ids = EventIds("pg1", "1A", 1_795_516_444_951, size)
+    order = [*range(size), 0, size - 1, size // 2]  # in order, then a few again
+    assert [ids(i) for i in order] == [event_id("pg1", "1A", i, 1_795_516_444_951)
+                                       for i in order]
