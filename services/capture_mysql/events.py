@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from tailrace.errors import PositionLostError
-from tailrace.events import ChangeEvent, EventIds, Op, Position, Row, idempotency_key
+from tailrace.events import ChangeEvent, EventIds, Op, Position, idempotency_key
 from tailrace.events import event_id as make_event_id
+from tailrace.events._wire import length_prefixed
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
@@ -70,14 +71,25 @@ class EventFactory:
     def __init__(self, source_id: str, tenant: str) -> None:
         self.source_id = source_id
         self.tenant = tenant
+        # per (table shape, schema sequence, op): the event's fields but its rows, serialized
+        self._templates: dict[tuple[int, int, int], tuple[TableShape, bytes]] = {}
 
-    def change(self, shape: TableShape, sequence: int, op: Op, before: Row, after: Row
+    def change(self, shape: TableShape, sequence: int, op: Op, before: bytes, after: bytes
                ) -> ChangeEvent:
-        return ChangeEvent(
-            source_id=self.source_id, tenant=self.tenant, database=shape.database,
-            table=shape.table, op=op, before=before, after=after,
-            key_columns=shape.key_columns, schema_version=shape.fingerprint,
-            schema_sequence=sequence)
+        """An event from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row): the
+        fields all of a table's events share are serialized once, and the event is parsed
+        in one call — a fifth of building it field by field."""
+        cached = self._templates.get((id(shape), sequence, op))
+        if cached is None or cached[0] is not shape:
+            if len(self._templates) > 10_000:
+                self._templates.clear()
+            template = ChangeEvent(
+                source_id=self.source_id, tenant=self.tenant, database=shape.database,
+                table=shape.table, op=op, key_columns=shape.key_columns,
+                schema_version=shape.fingerprint, schema_sequence=sequence).SerializeToString()
+            cached = self._templates[(id(shape), sequence, op)] = (shape, template)
+        return ChangeEvent.FromString(
+            cached[1] + length_prefixed(8, before) + length_prefixed(9, after))
 
     def ddl(self, database: str, table: str, query: str, shape: TableShape | None,
             sequence: int) -> ChangeEvent:
@@ -208,7 +220,7 @@ class ChangeFeed:
             return []
         shape, decoder, sequence = self.schemas.for_rows(
             event.schema, event.table, event.columns, self._next(position, begin))
-        rows, change, row = event.rows, self.factory.change, decoder.row
+        rows, change, row = event.rows, self.factory.change, decoder.row_bytes
         self.metrics.rows.inc(len(rows))
         if isinstance(event, WriteRowsEvent):
             return [change(shape, sequence, Op.OP_INSERT, row(None),
