@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from tailrace.errors import PositionLostError
-from tailrace.events import ChangeEvent, Op, Position, Row, idempotency_key
+from tailrace.events import ChangeEvent, EventIds, Op, Position, idempotency_key
 from tailrace.events import event_id as make_event_id
+from tailrace.events._wire import length_prefixed
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
@@ -70,14 +71,25 @@ class EventFactory:
     def __init__(self, source_id: str, tenant: str) -> None:
         self.source_id = source_id
         self.tenant = tenant
+        # per (table shape, schema sequence, op): the event's fields but its rows, serialized
+        self._templates: dict[tuple[int, int, int], tuple[TableShape, bytes]] = {}
 
-    def change(self, shape: TableShape, sequence: int, op: Op, before: Row, after: Row
+    def change(self, shape: TableShape, sequence: int, op: Op, before: bytes, after: bytes
                ) -> ChangeEvent:
-        return ChangeEvent(
-            source_id=self.source_id, tenant=self.tenant, database=shape.database,
-            table=shape.table, op=op, before=before, after=after,
-            key_columns=shape.key_columns, schema_version=shape.fingerprint,
-            schema_sequence=sequence)
+        """An event from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row): the
+        fields all of a table's events share are serialized once, and the event is parsed
+        in one call — a fifth of building it field by field."""
+        cached = self._templates.get((id(shape), sequence, op))
+        if cached is None or cached[0] is not shape:
+            if len(self._templates) > 10_000:
+                self._templates.clear()
+            template = ChangeEvent(
+                source_id=self.source_id, tenant=self.tenant, database=shape.database,
+                table=shape.table, op=op, key_columns=shape.key_columns,
+                schema_version=shape.fingerprint, schema_sequence=sequence).SerializeToString()
+            cached = self._templates[(id(shape), sequence, op)] = (shape, template)
+        return ChangeEvent.FromString(
+            cached[1] + length_prefixed(8, before) + length_prefixed(9, after))
 
     def ddl(self, database: str, table: str, query: str, shape: TableShape | None,
             sequence: int) -> ChangeEvent:
@@ -94,8 +106,8 @@ class EventFactory:
             schema_version=shape.fingerprint if shape else "", schema_sequence=sequence)
 
     def stamp(self, event: ChangeEvent, position: CapturePosition, *, index: int, size: int,
-              commit_ts: int, native: Position | None = None, captured_us: int = 0
-              ) -> ChangeEvent:
+              commit_ts: int, native: Position | None = None, captured_us: int = 0,
+              ids: EventIds | None = None) -> ChangeEvent:
         """Fill the transaction fields once the commit is known.
 
         `native` (the position's proto) and `captured_us` may be made once per
@@ -109,7 +121,8 @@ class EventFactory:
         event.position.event_index = index
         event.ts_source_micros = commit_ts * 1_000_000
         event.ts_captured_micros = captured_us or int(time.time() * 1_000_000)
-        event.id = make_event_id(self.source_id, position.gtid, index, commit_ts * 1000)
+        event.id = ids(index) if ids is not None else \
+            make_event_id(self.source_id, position.gtid, index, commit_ts * 1000)
         event.idempotency_key = idempotency_key(self.tenant, event.database, event.table,
                                                 event.tx_id, event.id)
         return event
@@ -183,9 +196,13 @@ class ChangeFeed:
         factory, native = self.factory, position.to_proto()
         captured_us = int(time.time() * 1_000_000)
 
+        ids: list[EventIds] = []  # made at the first event, when the size is known
+
         def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+            if not ids:
+                ids.append(EventIds(factory.source_id, position.gtid, commit_ts * 1000, size))
             return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
-                                 native=native, captured_us=captured_us)
+                                 native=native, captured_us=captured_us, ids=ids[0])
 
         return Commit(stamp, native, commit_ts * 1_000_000, position.gtid)
 
@@ -203,7 +220,7 @@ class ChangeFeed:
             return []
         shape, decoder, sequence = self.schemas.for_rows(
             event.schema, event.table, event.columns, self._next(position, begin))
-        rows, change, row = event.rows, self.factory.change, decoder.row
+        rows, change, row = event.rows, self.factory.change, decoder.row_bytes
         self.metrics.rows.inc(len(rows))
         if isinstance(event, WriteRowsEvent):
             return [change(shape, sequence, Op.OP_INSERT, row(None),

@@ -217,8 +217,14 @@ class RowDecoder:
     def row(self, values: dict[str, Any] | None, none_sources: dict[str, str] | None = None,
             only: set[str] | None = None) -> Row:
         """The row as a message, encoded by hand and parsed in one call (`_wire`)."""
+        return Row.FromString(self.row_bytes(values, none_sources, only))
+
+    def row_bytes(self, values: dict[str, Any] | None,
+                  none_sources: dict[str, str] | None = None, only: set[str] | None = None
+                  ) -> bytes:
+        """`row`, serialized (what `events.EventFactory.change` takes)."""
         if values is None:
-            return Row()
+            return b""
         none_sources = none_sources or {}
         prefixes: list[bytes] = []
         encoded: list[bytes] = []
@@ -233,7 +239,7 @@ class RowDecoder:
                 value = convert(v)
             prefixes.append(prefix)
             encoded.append(value_bytes(value))
-        return Row.FromString(row_bytes(prefixes, encoded))
+        return row_bytes(prefixes, encoded)
 
 
 def _encode(form: Callable[[Any], Any] | None, convert: Converter, value: Any) -> bytes:

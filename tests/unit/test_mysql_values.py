@@ -166,3 +166,23 @@ def test_snapshot_read_encoders_give_what_the_binlog_path_gives() -> None:
         [(_, row)] = rows.values()
         assert row == decoder.row(streamed).SerializeToString(), read
     assert encoders[1]("null") == NULL
+
+
+def test_an_event_parsed_from_its_template_equals_one_built_field_by_field() -> None:
+    from tailrace.events import ChangeEvent, Op
+    from tailrace_services.capture_mysql.events import EventFactory
+
+    shape = shape_from_table_map("shop", "t", COLUMNS, HINTS)
+    decoder, factory = RowDecoder(shape), EventFactory("src", "acme")
+    row = {"id": 7, "txt": "é", "y": 2024}
+    for op, before, after in ((Op.OP_INSERT, None, row), (Op.OP_UPDATE, row, row),
+                              (Op.OP_DELETE, row, None)):
+        for sequence in (1, 2, 1):
+            built = factory.change(shape, sequence, op, decoder.row_bytes(before),
+                                   decoder.row_bytes(after))
+            expected = ChangeEvent(
+                source_id="src", tenant="acme", database="shop", table="t", op=op,
+                before=decoder.row(before), after=decoder.row(after),
+                key_columns=shape.key_columns, schema_version=shape.fingerprint,
+                schema_sequence=sequence)
+            assert built.SerializeToString() == expected.SerializeToString(), (op, sequence)

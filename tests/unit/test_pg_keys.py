@@ -146,3 +146,44 @@ def test_a_table_without_a_key_is_keyed_by_its_name_and_refused_by_the_postgres_
     assert "add a primary key to public.t, or ALTER TABLE public.t REPLICA IDENTITY USING " \
            "INDEX" in failures[0][1]
     assert insert.op == Op.OP_INSERT
+
+
+def _field_by_field(f: EventFactory, msg: Insert | Update | Delete, lsn: int) -> ChangeEvent:
+    """What `from_change` built before it parsed a template: `change` and `fill_row`."""
+    from tailrace_services.capture_postgres.events import fill_row
+
+    rel = msg.relation
+    keys = choose_key(rel, ["id"])
+    op = {Insert: Op.OP_INSERT, Update: Op.OP_UPDATE, Delete: Op.OP_DELETE}[type(msg)]
+    event = f.change(rel, op, None, None, lsn, ("fp", 1), keys)
+    old = getattr(msg, "old", None)
+    if isinstance(msg, Update | Delete):
+        if old is not None:
+            fill_row(event.before, rel, old, set(keys) if msg.old_is_key_only else None)
+        elif isinstance(msg, Update):
+            fill_row(event.before, rel, msg.new, set(keys))
+    if isinstance(msg, Insert | Update):
+        new = msg.new
+        if isinstance(msg, Update) and old is not None and not msg.old_is_key_only:
+            new = fill_unchanged_toast(new, old)
+        fill_row(event.after, rel, new)
+    return event
+
+
+@pytest.mark.parametrize("identity", ["d", "f"])
+def test_an_event_parsed_from_its_template_equals_one_built_field_by_field(identity: str
+                                                                          ) -> None:
+    rel = relation(identity, ALL if identity == "f" else (True, False, False))
+    f = factory(["id"])
+    for lsn in (0, 100, 2**40):
+        for msg in (Insert(rel, [5, "a", BIG]), Insert(rel, [5, None, ""]),
+                    Update(rel, None, False, [5, "n", UNCHANGED_TOAST]),
+                    Update(rel, [4, None, None], True, [5, "n", "b"]),
+                    Update(rel, [5, "o", BIG], False, [5, "n", UNCHANGED_TOAST]),
+                    Delete(rel, [5, None, None], True), Delete(rel, [5, "o", BIG], False)):
+            built = f.from_change(msg, lsn, ("fp", 1))
+            expected = _field_by_field(f, msg, lsn)
+            assert built == expected, msg
+            assert built.SerializeToString() == expected.SerializeToString(), msg
+            assert [built.HasField(n) for n in ("before", "after", "position")] == \
+                [expected.HasField(n) for n in ("before", "after", "position")], msg

@@ -257,3 +257,36 @@ def test_c_chunk_rows_refuses_what_is_not_bytes() -> None:
     with pytest.raises(TypeError, match="prefixes must be bytes"):
         cwire.chunk_rows([(1,)], bytes([chunks.KIND_OBJECT]), (value_bytes,), ("abc",),  # type: ignore[arg-type]
                          (0,), (0,), b"h")
+
+
+def test_c_bus_keys() -> None:
+    """`bus_key` from the row's bytes (`_cwire.row_key`) equals the reference for inserts,
+    updates and deletes (keyed by the old row), snapshot reads, keyless tables, composite
+    keys in any order, and columns without a name or a value."""
+    from tailrace.events import ChangeEvent, Op
+    from tailrace.events._codec import _py_bus_key, bus_key
+    from tests.fix_sinks import source_events
+
+    events = list(source_events(300))
+    weird = Row(columns=[Column(name="", value=value_of(1)), Column(name="b"),
+                         Column(name="a", value=value_of("é" * 200)),
+                         Column(name="c", value=value_of(dt.datetime(2020, 1, 1)))])
+    for keys in ([], ["a"], ["b", "a"], ["c", "a"], [""], ["missing"]):
+        for op in (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_SNAPSHOT_READ):
+            events.append(ChangeEvent(database="d", schema="s", table="t", op=op,
+                                      key_columns=keys, after=weird, before=weird))
+            events.append(ChangeEvent(database="d", table="t", op=op, key_columns=keys,
+                                      after=weird))
+    for event in events:
+        assert bus_key(event) == _py_bus_key(event), event
+    assert cwire.row_key(b"h", b"\x0a\x05\x0a\x01a\x1a", ["a"]) is None, "malformed: Python's"
+
+
+@pytest.mark.parametrize("size", [1, 2, 511, 512, 513, 1500])
+def test_event_ids_of_a_transaction_in_blocks(size: int) -> None:
+    from tailrace.events import EventIds
+
+    ids = EventIds("pg1", "1A", 1_795_516_444_951, size)
+    order = [*range(size), 0, size - 1, size // 2]  # in order, then a few again
+    assert [ids(i) for i in order] == [event_id("pg1", "1A", i, 1_795_516_444_951)
+                                       for i in order]

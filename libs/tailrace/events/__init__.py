@@ -9,7 +9,7 @@ from tailrace.events._codec import (
     key_bytes,
     key_values,
 )
-from tailrace.events._ids import event_id, event_ids, idempotency_key
+from tailrace.events._ids import EventIds, event_id, event_ids, idempotency_key
 from tailrace.events._positions import lsn_text, native_position, position_key
 from tailrace.events._values import UNCHANGED_TOAST, python_of, value_of
 from tailrace.proto.event_pb2 import (
@@ -25,6 +25,7 @@ from tailrace.proto.event_pb2 import (
 )
 
 __all__ = [
+    "EventIds",
     "UNCHANGED_TOAST",
     "BusRecord",
     "ChangeEvent",

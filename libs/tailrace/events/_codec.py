@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from tailrace.events._values import json_of
-from tailrace.events._wire import length_prefixed
+from tailrace.events._wire import cwire, length_prefixed
 from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row
 
 
@@ -51,12 +51,32 @@ def key_bytes(event: ChangeEvent) -> bytes:
 def bus_key(event: ChangeEvent) -> bytes:
     """The internal bus key: table and the serialized primary-key values. Cheaper than
     `key_bytes` (no JSON) and equally stable: one row always maps to the same key."""
-    row = event.after if event.op in (Op.OP_INSERT, Op.OP_SNAPSHOT_READ) else event.before
-    if not row.columns:
-        row = event.after if event.after.columns else event.before
+    if cwire is not None:  # from the row's bytes: no message object per column
+        # `_key_row`'s choice: a Row's bytes are empty exactly when it has no columns
+        first = event.after if event.op in _AFTER_FIRST else event.before
+        row = first.SerializeToString() or event.after.SerializeToString() or \
+            event.before.SerializeToString()
+        key = cwire.row_key(f"{event.database}.{event.schema}.{event.table}".encode(), row,
+                            event.key_columns)
+        if key is not None:
+            return key
+    return _py_bus_key(event)
+
+
+def _py_bus_key(event: ChangeEvent) -> bytes:
+    """`bus_key` in Python: the reference of `_cwire.row_key` (tests/unit/test_wire.py)."""
     keys = event.key_columns
     return bus_key_of(event.database, event.schema, event.table,
-                      [c.value.SerializeToString() for c in row.columns if c.name in keys])
+                      [c.value.SerializeToString() for c in _key_row(event).columns
+                       if c.name in keys])
+
+
+_AFTER_FIRST = (Op.OP_INSERT, Op.OP_SNAPSHOT_READ)  # keyed by the new row; the rest by the old
+
+
+def _key_row(event: ChangeEvent) -> Row:
+    row = event.after if event.op in _AFTER_FIRST else event.before
+    return row if row.columns else (event.after if event.after.columns else event.before)
 
 
 def bus_key_of(database: str, schema: str, table: str, key_values: list[bytes]) -> bytes:

@@ -711,6 +711,92 @@ static PyObject *py_event_ids(PyObject *self, PyObject *const *args, Py_ssize_t 
     return out;
 }
 
+/* -- Bus keys (tailrace/events/_codec.py `bus_key`) ------------------------------------ */
+
+static const char *read_varint(const char *p, const char *end, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && p < end; shift += 7) {
+        unsigned char c = (unsigned char)*p++;
+        v |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) { *out = v; return p; }
+    }
+    return NULL;
+}
+
+/* The next field at p: its number, wire type and, for length-delimited ones, its bytes;
+ * NULL when malformed or of a wire type a Row never holds. */
+static const char *next_field(const char *p, const char *end, uint64_t *number, const char **data,
+                              uint64_t *size) {
+    uint64_t key;
+    if ((p = read_varint(p, end, &key)) == NULL) return NULL;
+    *number = key >> 3;
+    switch (key & 7) {
+    case 0: { uint64_t skip; return read_varint(p, end, &skip); }
+    case 1: return end - p >= 8 ? p + 8 : NULL;
+    case 5: return end - p >= 4 ? p + 4 : NULL;
+    case 2:
+        if ((p = read_varint(p, end, size)) == NULL || (uint64_t)(end - p) < *size) return NULL;
+        *data = p;
+        return p + *size;
+    }
+    return NULL;
+}
+
+/* row_key(head, row, key_columns) -> head + ("\0" + serialized Value) per key column, in
+ * the row's column order; None for a row it cannot read (the caller's Python decides). */
+static PyObject *py_row_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "row_key(head: bytes, row: bytes, key_columns)");
+        return NULL;
+    }
+    PyObject *names = PySequence_Fast(args[2], "key_columns must be a sequence");
+    if (names == NULL) return NULL;
+    Py_ssize_t nkeys = PySequence_Fast_GET_SIZE(names);
+    const char *keys[16];
+    Py_ssize_t key_sizes[16];
+    if (nkeys > 16) { Py_DECREF(names); Py_RETURN_NONE; }
+    for (Py_ssize_t k = 0; k < nkeys; k++) {
+        keys[k] = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(names, k), &key_sizes[k]);
+        if (keys[k] == NULL) { Py_DECREF(names); return NULL; }
+    }
+    Buf b = {0};
+    const char *p = PyBytes_AS_STRING(args[1]), *end = p + PyBytes_GET_SIZE(args[1]);
+    int ok = buf_put(&b, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0])) == 0;
+    while (ok && p < end) {
+        uint64_t number, size = 0;
+        const char *column = NULL;
+        if ((p = next_field(p, end, &number, &column, &size)) == NULL) { ok = 0; break; }
+        if (number != 1 || column == NULL) continue;  /* Row.columns (1) only */
+        /* Column: name (1), value (3); absent, they are "" and an empty Value */
+        const char *q = column, *cend = column + size, *name = "", *value = "";
+        uint64_t name_size = 0, value_size = 0;
+        int values = 0;
+        while (q < cend) {
+            uint64_t field, fsize = 0;
+            const char *fdata = NULL;
+            if ((q = next_field(q, cend, &field, &fdata, &fsize)) == NULL) { ok = 0; break; }
+            if (field == 1 && fdata != NULL) { name = fdata; name_size = fsize; }
+            else if (field == 3 && fdata != NULL) { value = fdata; value_size = fsize; values++; }
+        }
+        if (!ok || values > 1) { ok = 0; break; }  /* a value in two parts: Python merges it */
+        for (Py_ssize_t k = 0; k < nkeys; k++) {
+            if ((uint64_t)key_sizes[k] == name_size && memcmp(keys[k], name, name_size) == 0) {
+                ok = buf_put(&b, "\0", 1) == 0 && buf_put(&b, value, (Py_ssize_t)value_size) == 0;
+                break;
+            }
+        }
+    }
+    Py_DECREF(names);
+    if (!ok) {
+        buf_free(&b);
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *out = buf_bytes(&b);
+    buf_free(&b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"varint", (PyCFunction)py_varint, METH_O, NULL},
     {"length_prefixed", (PyCFunction)(void (*)(void))py_length_prefixed, METH_FASTCALL, NULL},
@@ -720,6 +806,7 @@ static PyMethodDef methods[] = {
     {"chunk_rows", (PyCFunction)(void (*)(void))py_chunk_rows, METH_FASTCALL, NULL},
     {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_FASTCALL, NULL},
     {"event_ids", (PyCFunction)(void (*)(void))py_event_ids, METH_FASTCALL, NULL},
+    {"row_key", (PyCFunction)(void (*)(void))py_row_key, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,6 +30,27 @@ def event_ids(source_id: str, native_tx: str, first: int, count: int, ts_ms: int
     return [event_id(source_id, native_tx, index, ts_ms) for index in range(first, first + count)]
 
 
+class EventIds:
+    """The ids of one transaction's events (`event_id`), made in blocks with `event_ids`:
+    events are stamped in index order, and a block costs a fraction of its ids one by one.
+    `size`: the transaction's; no block goes past it."""
+
+    BLOCK = 512
+
+    def __init__(self, source_id: str, native_tx: str, ts_ms: int, size: int) -> None:
+        self.source_id, self.native_tx, self.ts_ms, self.size = source_id, native_tx, ts_ms, size
+        self._first = 0
+        self._ids: list[str] = []
+
+    def __call__(self, index: int) -> str:
+        offset = index - self._first
+        if not 0 <= offset < len(self._ids):
+            self._first, offset = index, 0
+            count = max(1, min(self.BLOCK, self.size - index))
+            self._ids = event_ids(self.source_id, self.native_tx, index, count, self.ts_ms)
+        return self._ids[offset]
+
+
 def idempotency_key(tenant: str, database: str, table: str, tx_id: str, event_id: str) -> str:
     """`{tenant}|{db}.{table}|{tx_id}|{event_id}`, identical across replays."""
     return f"{tenant}|{database}.{table}|{tx_id}|{event_id}"
