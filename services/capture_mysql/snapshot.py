@@ -57,6 +57,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import pymysql
@@ -205,6 +206,28 @@ class _Table:
     def __post_init__(self) -> None:
         self.kinds, self.encoders = self.decoder.read_encoders([f for _, f in self.forms])
 
+    # the rest of what `chunk_rows` takes, made once per table: where the chunk key and the
+    # event key are among the columns (the merger's key; `bus_key`: in column order)
+    @cached_property
+    def key_index(self) -> tuple[int, ...]:
+        return tuple(self._names.index(k) for k in self.chunk_key)
+
+    @cached_property
+    def bus_index(self) -> tuple[int, ...]:
+        return tuple(sorted(self._names.index(k) for k in self.shape.key_columns))
+
+    @cached_property
+    def prefixes(self) -> tuple[bytes, ...]:
+        return tuple(self.decoder.prefixes)
+
+    @cached_property
+    def head(self) -> bytes:
+        return bus_key_of(self.database, "", self.name, [])
+
+    @property
+    def _names(self) -> list[str]:
+        return [n for n, _ in self.forms]  # the shape's columns, as the decoder's
+
 
 class MysqlChunks:
     """`ChunkSource` for MySQL/MariaDB (module docstring); one connection, used by the
@@ -349,7 +372,7 @@ class MysqlChunks:
         table = self._current(plan)
         self._write(token, high=False)
         for _ in range(SHAPE_ATTEMPTS):
-            template, rows, cursor, more = self._select(table, plan, after, limit, where)
+            template, rows, cursor, more = self._select(table, after, limit, where)
             now = self._current(plan)
             if now.shape.fingerprint == table.shape.fingerprint:
                 return ChunkRows(template, rows, cursor, more, forgettable=lambda _tx: True)
@@ -359,7 +382,7 @@ class MysqlChunks:
         raise RetryableError(f"the structure of {plan.table} kept changing during a snapshot "
                              "chunk's read")
 
-    def _select(self, table: _Table, plan: TablePlan, after: list[str] | None, limit: int,
+    def _select(self, table: _Table, after: list[str] | None, limit: int,
                 where: str) -> tuple[ChangeEvent, dict[Key, ReadRow], list[str] | None, bool]:
         """(the table's read event without its row, the rows by the merger's key, the
         cursor after them, whether rows follow)."""
@@ -369,12 +392,7 @@ class MysqlChunks:
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.shape.key_columns,
                                schema_version=table.shape.fingerprint,
                                schema_sequence=table.sequence)
-        names = [n for n, _ in table.forms]  # the shape's columns, as the decoder's
-        key_index = [names.index(k) for k in table.chunk_key]
-        # the merger's key (`key_of`): the serialized values of the chunk key's columns;
-        # `bus_key`: those of the event's key columns, in column order
-        at = tuple(names.index(k) for k in plan.key_columns)
-        bus_at = tuple(sorted(names.index(k) for k in table.shape.key_columns))
+        key_index = table.key_index  # the chunk key, as the plan's (`_current` checks)
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
             raw_rows = list(cur.fetchall_unbuffered())  # limit + 1 rows at most
@@ -385,8 +403,8 @@ class MysqlChunks:
             raw_rows = [raw[:-1] for raw in raw_rows]
         more = len(raw_rows) > limit
         del raw_rows[limit:]  # the extra row only says the table goes on
-        rows = chunk_rows(raw_rows, table.kinds, table.encoders, tuple(table.decoder.prefixes),
-                          at, bus_at, bus_key_of(table.database, "", table.name, []))
+        rows = chunk_rows(raw_rows, table.kinds, table.encoders, table.prefixes, key_index,
+                          table.bus_index, table.head)
         last = raw_rows[-1] if raw_rows else None
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
         return template, rows, cursor, more

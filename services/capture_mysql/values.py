@@ -44,7 +44,7 @@ from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.events import Row
 from tailrace.events._values import Json
-from tailrace.events._wire import NULL, column_prefix, row_bytes, value_bytes, value_string
+from tailrace.events._wire import NULL, Kind, column_prefix, row_bytes, value_bytes, value_string
 from tailrace_services.capture.snapshot.chunks import KIND_OBJECT
 
 __all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
@@ -188,12 +188,6 @@ class RowDecoder:
                          in self._columns]
         """Per column, its `Column` fields but the value (`_wire.row_bytes`)."""
 
-    def values(self, values: Sequence[Any]) -> list[bytes]:
-        """A row's serialized `Value`s, given and returned in column order: what `row`
-        holds, without building it (a snapshot reads many rows)."""
-        return [NULL if v is None else value_bytes(convert(v))
-                for convert, v in zip(self._converters, values, strict=True)]
-
     def read_encoders(self, forms: Sequence[Callable[[Any], Any] | None]
                       ) -> tuple[bytes, tuple[Callable[[Any], bytes], ...]]:
         """Per column, how a value PyMySQL read becomes a serialized `Value` (`forms`: to
@@ -207,10 +201,10 @@ class RowDecoder:
                 kinds.append(KIND_OBJECT)
                 encoders.append(value_bytes)
             elif convert is _uuid:  # the server's text is already what str(UUID) prints
-                kinds.append(0)
+                kinds.append(Kind.OTHER)
                 encoders.append(partial(_uuid_text, form))
             else:
-                kinds.append(0)
+                kinds.append(Kind.OTHER)
                 encoders.append(partial(_encode, form, convert))
         return bytes(kinds), tuple(encoders)
 

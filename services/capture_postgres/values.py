@@ -26,7 +26,7 @@ from typing import Any
 
 from tailrace.events import value_of
 from tailrace.events._values import Json
-from tailrace.events._wire import value_bool, value_float, value_int, value_string, value_timestamp
+from tailrace.events._wire import Kind, value_bool, value_float, value_int, value_string, value_timestamp
 
 __all__ = [
     "ARRAY_ELEMENTS",
@@ -295,14 +295,15 @@ _ENCODERS: dict[Converter, Encoder] = {
 
 # The C encoder's fast path per converter (`_cwire.values`, `chunk_rows`): what it
 # writes for a well-formed text equals the Python encoder's; anything else it hands to it.
-_KINDS: dict[Converter, int] = {
-    int: 1, _bool: 2, _text: 3, Json: 4, uuid.UUID: 5, _timestamp: 6, Decimal: 7,
+_KINDS: dict[Converter, Kind] = {
+    int: Kind.INT, _bool: Kind.BOOL, _text: Kind.TEXT, Json: Kind.JSON, uuid.UUID: Kind.UUID,
+    _timestamp: Kind.TIMESTAMP, Decimal: Kind.NUMERIC,
 }
 
 
 def kind_for(type_oid: int, custom_name: str | None = None) -> int:
     """The C encoder's kind for a column type; 0: the Python encoder decides every value."""
-    return _KINDS.get(converter_for(type_oid, custom_name), 0)
+    return _KINDS.get(converter_for(type_oid, custom_name), Kind.OTHER)
 
 
 def encoder_for(type_oid: int, custom_name: str | None = None) -> Encoder:

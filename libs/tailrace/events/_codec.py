@@ -52,12 +52,8 @@ def bus_key(event: ChangeEvent) -> bytes:
     """The internal bus key: table and the serialized primary-key values. Cheaper than
     `key_bytes` (no JSON) and equally stable: one row always maps to the same key."""
     if cwire is not None:  # from the row's bytes: no message object per column
-        # `_key_row`'s choice: a Row's bytes are empty exactly when it has no columns
-        first = event.after if event.op in _AFTER_FIRST else event.before
-        row = first.SerializeToString() or event.after.SerializeToString() or \
-            event.before.SerializeToString()
-        key = cwire.row_key(f"{event.database}.{event.schema}.{event.table}".encode(), row,
-                            event.key_columns)
+        key = cwire.row_key(f"{event.database}.{event.schema}.{event.table}".encode(),
+                            _key_row(event).SerializeToString(), event.key_columns)
         if key is not None:
             return key
     return _py_bus_key(event)

@@ -244,7 +244,7 @@ static int pg_numeric_plain(const char *s, Py_ssize_t n) {
     return -frac + significant - 1 >= -6;
 }
 
-enum {
+enum {  /* tailrace.events._wire.Kind names them in Python */
     K_OTHER = 0, K_INT = 1, K_BOOL = 2, K_TEXT = 3, K_JSON = 4, K_UUID = 5, K_TIMESTAMP = 6,
     K_NUMERIC = 7, K_OBJECT = 8
 };

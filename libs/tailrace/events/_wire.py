@@ -16,12 +16,14 @@ import struct
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from enum import IntEnum
 from typing import Any
 
 from tailrace.events._values import Json, value_of
 
 __all__ = [
     "NULL",
+    "Kind",
     "column_prefix",
     "cwire",
     "field_bytes",
@@ -43,6 +45,22 @@ except ImportError:  # not built (no compiler): the same bytes, slower; capture 
     cwire = None  # type: ignore[assignment]
 
 ACCELERATED = cwire is not None
+
+
+class Kind(IntEnum):
+    """What `_cwire.chunk_rows` reads a column's values as (its `enum` K_*): PostgreSQL's
+    text of a type, or a Python value (`OBJECT`, as `value_bytes` encodes it); `OTHER`:
+    the column's Python encoder decides every value."""
+
+    OTHER = 0
+    INT = 1
+    BOOL = 2
+    TEXT = 3
+    JSON = 4
+    UUID = 5
+    TIMESTAMP = 6
+    NUMERIC = 7
+    OBJECT = 8
 
 _SMALL = [bytes([n]) for n in range(128)]
 _INT64 = (1 << 64) - 1

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tailrace.events._wire import NULL, cwire, row_bytes
+from tailrace.events._wire import NULL, Kind, cwire, row_bytes
 from tailrace.proto.event_pb2 import ChangeEvent, Position, Row
 
 __all__ = ["WATERMARK_PREFIX", "ChunkRows", "ChunkSource", "Key", "ReadRow", "TablePlan",
@@ -128,7 +128,7 @@ def _py_chunk_rows(raw_rows: list[tuple[Any, ...]], kinds: bytes,
     return rows
 
 
-KIND_OBJECT = 8  # `chunk_rows`: a Python value, encoded as `_wire.value_bytes` would
+KIND_OBJECT = Kind.OBJECT  # `chunk_rows`: a Python value, encoded as `_wire.value_bytes` would
 chunk_rows: Callable[[list[tuple[Any, ...]], bytes, tuple[Callable[[Any], bytes], ...],
                       tuple[bytes, ...], tuple[int, ...], tuple[int, ...], bytes],
                      dict[Key, ReadRow]] = cwire.chunk_rows if cwire else _py_chunk_rows

@@ -142,19 +142,18 @@ class BusScan:
         fresh = [c for c in entry.inflight if not c.partial_from]
         positions = {c.tx_seq for c in fresh if c.tx_seq > covered} | {
             c.cleared_tx_seq for c in fresh if c.cleared_tx_seq > covered}
-        if positions:
-            ends = self._fence(epoch)
-            with self.reader() as reader:
-                for partition, end in ends.items():
-                    start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
-                    self._collect(reader, partition, start, end, entry, plan, positions, found)
         earlier = [c for c in entry.inflight if c.partial_from]
-        if earlier:
-            with self.reader() as reader:
-                for attempt in earlier:
-                    for partition, first in attempt.partial_from.items():
-                        self._collect(reader, partition, first, attempt.partial_to[partition],
-                                      entry, plan, {attempt.tx_seq}, found)
+        if not positions and not earlier:
+            return found
+        ends = self._fence(epoch) if positions else {}
+        with self.reader() as reader:
+            for partition, end in ends.items():
+                start = epoch.end_offsets.get(partition, 0) if epoch is not None else 0
+                self._collect(reader, partition, start, end, entry, plan, positions, found)
+            for attempt in earlier:
+                for partition, first in attempt.partial_from.items():
+                    self._collect(reader, partition, first, attempt.partial_to[partition],
+                                  entry, plan, {attempt.tx_seq}, found)
         return found
 
     def _fence(self, epoch: pb.Epoch | None) -> dict[int, int]:

@@ -56,11 +56,16 @@ class Reading(NamedTuple):
     chunk: Chunk
 
 
-def _stored(chunk: Chunk, number: int, cursor: list[str] | None) -> pb.SnapshotChunk:
-    """A chunk as `_done` stores it (once an epoch covers it, if it published rows)."""
+def _stored(chunk: Chunk, number: int, before: list[str] | None,
+            position: Position | None = None) -> pb.SnapshotChunk:
+    """A chunk as the record keeps it: in flight (`position`: where it is about to be
+    published), then done. `before`: the table's cursor before it, kept if the chunk read
+    no row."""
+    cursor = chunk.cursor if chunk.cursor is not None else before
+    at = position or chunk.position
     return pb.SnapshotChunk(chunk=number, cursor=json.dumps(cursor) if cursor else "",
-                            tx_seq=chunk.position.tx_seq if chunk.position else 0,
-                            rows=chunk.published_rows, last=chunk.last,
+                            tx_seq=at.tx_seq if at else 0, rows=chunk.published_rows,
+                            last=chunk.last,
                             cleared_tx_seq=chunk.cleared_at.tx_seq if chunk.cleared_at else 0)
 
 
@@ -291,7 +296,7 @@ class SnapshotWorker:
                     if current is not None and current.request_id == request_id:
                         if ahead is not None and (chunk := self._outcome(ahead)) is not None \
                                 and chunk.published_rows:
-                            pending.append(_stored(chunk, number + 1, chunk.cursor or cursor))
+                            pending.append(_stored(chunk, number + 1, cursor))
                         self._settle(table, request_id, pending, 0, progress)  # on the bus
                     log.info("snapshot of table stopped", table=table,
                              state=pb.SnapshotTableState.Name(current.state) if current else None)
@@ -389,11 +394,7 @@ class SnapshotWorker:
 
             def in_flight(chunk: Chunk, position: Position) -> None:
                 """Before the read transaction is published: what a restart looks for."""
-                after = chunk.cursor if chunk.cursor is not None else cursor
-                record = pb.SnapshotChunk(
-                    chunk=number, cursor=json.dumps(after) if after else "",
-                    tx_seq=position.tx_seq, rows=chunk.published_rows, last=chunk.last,
-                    cleared_tx_seq=chunk.cleared_at.tx_seq if chunk.cleared_at else 0)
+                record = _stored(chunk, number, cursor, position)
                 self._set(plan.table, request_id, lambda entry: entry.inflight.append(record))
 
             chunk.before_publish = in_flight
