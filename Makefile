@@ -10,7 +10,7 @@ GEN    := libs/tailrace/proto/control_pb2.py
 
 setup: $(STAMP) $(GEN)
 
-$(STAMP): pyproject.toml setup.py libs/tailrace/events/_cwire.c tools/install_system_deps.sh
+$(STAMP): pyproject.toml setup.py libs/tailrace/events/_cwire.c libs/tailrace/events/_cjson.c libs/tailrace/events/_cbuf.h tools/install_system_deps.sh
 	bash tools/install_system_deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -54,6 +54,7 @@ from tailrace.events import (
     Op,
     Row,
     Value,
+    event_json,
     event_to_json_dict,
     key_bytes,
     key_values,
@@ -129,11 +130,11 @@ class Encoder:
 
     def encode(self, event: ChangeEvent) -> bytes:
         if self.envelope == "native":
-            return _dumps(event_to_json_dict(event))
+            return event_json(event)
         if self.envelope == "protobuf":
             return event.SerializeToString()
         if self.envelope == "cloudevents":
-            return _dumps(cloudevent(event))
+            return _cloudevent_bytes(event)
         return _debezium_bytes(event, self._collection_order(event), self.schemas)
 
     def key(self, event: ChangeEvent) -> bytes:
@@ -199,6 +200,16 @@ def _as_op(event: ChangeEvent, op: Op) -> ChangeEvent:
 
 def cloudevent(event: ChangeEvent) -> dict[str, Any]:
     """CloudEvents 1.0, structured JSON; extension attributes are lowercase alphanumerics."""
+    return {**_cloudevent_attributes(event), "data": event_to_json_dict(event)}
+
+
+def _cloudevent_bytes(event: ChangeEvent) -> bytes:
+    """`cloudevent()` serialized, with the native document (`data`, last) spliced in."""
+    head = _dumps(_cloudevent_attributes(event))
+    return head[:-1] + b',"data":' + event_json(event) + b"}"
+
+
+def _cloudevent_attributes(event: ChangeEvent) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "specversion": "1.0",
         "id": event.id,
@@ -215,7 +226,6 @@ def cloudevent(event: ChangeEvent) -> dict[str, Any]:
     doc["partitionkey"] = key_bytes(event).decode()
     doc["tailracetxid"] = event.tx_id
     doc["idempotencykey"] = event.idempotency_key
-    doc["data"] = event_to_json_dict(event)
     return doc
 
 

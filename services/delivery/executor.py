@@ -42,15 +42,11 @@ def _sinks(pipeline: PipelineSpec) -> list[Sink]:
     return out
 
 
-def _close_transactional(pipeline: PipelineSpec) -> None:
-    """Spark may run consecutive batches in different Python workers; two cached producers
-    with the same transactional.id would fence each other. So a transactional sink lives for
-    one batch: the next batch opens it again (init_transactions fences any older one)."""
-    for spec in pipeline.spec.sinks:
-        if getattr(spec, "exactly_once", False):
-            sink = _SINKS.pop((pipeline.name, spec.id), None)
-            if sink is not None:
-                sink.close()
+def _end_batch(pipeline: PipelineSpec) -> None:
+    """What must not outlive a batch in this worker goes (`Sink.end_batch`)."""
+    for (name, _), sink in _SINKS.items():
+        if name == pipeline.name:
+            sink.end_batch()
 
 
 def _chain(pipeline: PipelineSpec) -> ProcessorChain:
@@ -107,7 +103,7 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
     else:
-        _close_transactional(pipeline)
+        _end_batch(pipeline)
     return pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "end_offset": result.end_offset,

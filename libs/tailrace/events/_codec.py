@@ -7,7 +7,12 @@ from typing import Any
 
 from tailrace.events._values import json_of
 from tailrace.events._wire import cwire, length_prefixed
-from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row
+from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row, Value
+
+try:  # the sinks' JSON in C (setup.py builds `_cjson`); the Python here is the reference
+    from tailrace.events import _cjson as cjson
+except ImportError:  # not built (no compiler): the same bytes, slower
+    cjson = None  # type: ignore[assignment]
 
 
 def encode_event(event: ChangeEvent) -> bytes:
@@ -43,6 +48,15 @@ def key_values(event: ChangeEvent) -> list[Column]:
 def key_bytes(event: ChangeEvent) -> bytes:
     """The message key for sinks: the table and primary-key values as compact JSON (a table
     without a key: the table alone, so its messages still share one partition)."""
+    if cjson is not None:  # from the event's bytes, no dict per event
+        key = cjson.key_json(event.SerializeToString(), _key_value_json)
+        if key is not None:
+            return key
+    return _py_key_bytes(event)
+
+
+def _py_key_bytes(event: ChangeEvent) -> bytes:
+    """`key_bytes` in Python: the reference of `_cjson.key_json` (tests/unit/test_cjson.py)."""
     values = {c.name: json_of(c.value) for c in key_values(event)}
     table = f"{event.database}.{event.schema + '.' if event.schema else ''}{event.table}"
     return _KEY_JSON.encode({"pk": values, "table": table}).encode()
@@ -79,6 +93,34 @@ def bus_key_of(database: str, schema: str, table: str, key_values: list[bytes]) 
     """`bus_key` from its parts: the serialized values of the key columns, in the row's
     column order."""
     return b"\x00".join([f"{database}.{schema}.{table}".encode(), *key_values])
+
+
+def event_json(event: ChangeEvent) -> bytes:
+    """The native JSON envelope (`event_to_json_dict`), compact and UTF-8: what sinks write."""
+    if cjson is not None:  # from the event's bytes, no dict per event
+        document = cjson.event_json(event.SerializeToString(), _value_json)
+        if document is not None:
+            return document
+    return _py_event_json(event)
+
+
+def _py_event_json(event: ChangeEvent) -> bytes:
+    """`event_json` in Python: the reference of `_cjson.event_json` (tests/unit/test_cjson.py)."""
+    return _dumps(event_to_json_dict(event)).encode()
+
+
+def _dumps(document: Any) -> str:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+def _value_json(value: bytes) -> str:
+    """One serialized `Value` as the native envelope spells it: for the values `_cjson`
+    leaves to Python (JSON documents, arrays, out-of-range dates, ...)."""
+    return _dumps(json_of(Value.FromString(value)))
+
+
+def _key_value_json(value: bytes) -> str:
+    return _KEY_JSON.encode(json_of(Value.FromString(value)))
 
 
 def row_to_dict(row: Row) -> dict[str, Any] | None:

@@ -11,31 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* -- A growable byte buffer ------------------------------------------------------------ */
-
-typedef struct {
-    char *data;
-    Py_ssize_t size;
-    Py_ssize_t cap;
-} Buf;
-
-static int buf_grow(Buf *b, Py_ssize_t more) {
-    if (b->size + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap < b->size + more) cap *= 2;
-    char *data = PyMem_Realloc(b->data, cap);
-    if (data == NULL) { PyErr_NoMemory(); return -1; }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_put(Buf *b, const char *src, Py_ssize_t n) {
-    if (buf_grow(b, n) < 0) return -1;
-    memcpy(b->data + b->size, src, n);
-    b->size += n;
-    return 0;
-}
+#include "_cbuf.h"
 
 static int varint_len(uint64_t n) {
     int len = 1;
@@ -60,14 +36,6 @@ static int buf_field(Buf *b, uint32_t tag, const char *data, Py_ssize_t n) {
     if (buf_varint(b, ((uint64_t)tag << 3) | 2) < 0 || buf_varint(b, (uint64_t)n) < 0) return -1;
     return buf_put(b, data, n);
 }
-
-static PyObject *buf_bytes(Buf *b) {
-    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", b->size);
-    b->size = 0;
-    return out;
-}
-
-static void buf_free(Buf *b) { PyMem_Free(b->data); b->data = NULL; b->size = b->cap = 0; }
 
 /* -- Varints and fields ---------------------------------------------------------------- */
 
@@ -216,32 +184,6 @@ static int buf_value_timestamp(Buf *b, int64_t micros, int aware) {
     if (aware) { *p++ = 0x10; *p++ = 0x01; }
     if (buf_put(b, "\x5a", 1) < 0 || buf_varint(b, (uint64_t)(p - inner)) < 0) return -1;
     return buf_put(b, inner, p - inner);
-}
-
-/* PostgreSQL's numeric text, passed through when str(Decimal(text)) spells it the same:
- * plain digits whose adjusted exponent is at least -6 (below it Decimal switches to
- * E-notation). */
-static int pg_numeric_plain(const char *s, Py_ssize_t n) {
-    Py_ssize_t i = 0, first = -1, point = -1, count = 0;
-    if (i < n && s[i] == '-') i++;
-    if (i == n) return 0;
-    for (; i < n; i++) {
-        if (s[i] == '.') { if (point >= 0) return 0; point = i; continue; }
-        if (s[i] < '0' || s[i] > '9') return 0;
-        if (first < 0 && s[i] != '0') first = i;
-        count++;
-    }
-    if (count == 0 || s[n - 1] == '.' || s[s[0] == '-'] == '.') return 0;
-    Py_ssize_t frac = point >= 0 ? n - point - 1 : 0;
-    Py_ssize_t lead = s[0] == '-' ? 1 : 0;
-    if (lead < n - 1 && s[lead] == '0' && s[lead + 1] != '.') return 0;  /* "007" */
-    Py_ssize_t significant;
-    if (first < 0) significant = 1;  /* zero: one digit */
-    else {
-        significant = 0;
-        for (Py_ssize_t j = first; j < n; j++) if (s[j] != '.') significant++;
-    }
-    return -frac + significant - 1 >= -6;
 }
 
 enum {  /* tailrace.events._wire.Kind names them in Python */
@@ -713,35 +655,6 @@ static PyObject *py_event_ids(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* -- Bus keys (tailrace/events/_codec.py `bus_key`) ------------------------------------ */
 
-static const char *read_varint(const char *p, const char *end, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && p < end; shift += 7) {
-        unsigned char c = (unsigned char)*p++;
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (!(c & 0x80)) { *out = v; return p; }
-    }
-    return NULL;
-}
-
-/* The next field at p: its number, wire type and, for length-delimited ones, its bytes;
- * NULL when malformed or of a wire type a Row never holds. */
-static const char *next_field(const char *p, const char *end, uint64_t *number, const char **data,
-                              uint64_t *size) {
-    uint64_t key;
-    if ((p = read_varint(p, end, &key)) == NULL) return NULL;
-    *number = key >> 3;
-    switch (key & 7) {
-    case 0: { uint64_t skip; return read_varint(p, end, &skip); }
-    case 1: return end - p >= 8 ? p + 8 : NULL;
-    case 5: return end - p >= 4 ? p + 4 : NULL;
-    case 2:
-        if ((p = read_varint(p, end, size)) == NULL || (uint64_t)(end - p) < *size) return NULL;
-        *data = p;
-        return p + *size;
-    }
-    return NULL;
-}
-
 /* row_key(head, row, key_columns) -> head + ("\0" + serialized Value) per key column, in
  * the row's column order; None for a row it cannot read (the caller's Python decides). */
 static PyObject *py_row_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -763,20 +676,19 @@ static PyObject *py_row_key(PyObject *self, PyObject *const *args, Py_ssize_t na
     const char *p = PyBytes_AS_STRING(args[1]), *end = p + PyBytes_GET_SIZE(args[1]);
     int ok = buf_put(&b, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0])) == 0;
     while (ok && p < end) {
-        uint64_t number, size = 0;
-        const char *column = NULL;
-        if ((p = next_field(p, end, &number, &column, &size)) == NULL) { ok = 0; break; }
-        if (number != 1 || column == NULL) continue;  /* Row.columns (1) only */
+        PbField column, field;
+        if ((p = pb_field(p, end, &column)) == NULL) { ok = 0; break; }
+        if (column.number != 1 || column.data == NULL) continue;  /* Row.columns (1) only */
         /* Column: name (1), value (3); absent, they are "" and an empty Value */
-        const char *q = column, *cend = column + size, *name = "", *value = "";
+        const char *q = column.data, *cend = column.data + column.size, *name = "", *value = "";
         uint64_t name_size = 0, value_size = 0;
         int values = 0;
         while (q < cend) {
-            uint64_t field, fsize = 0;
-            const char *fdata = NULL;
-            if ((q = next_field(q, cend, &field, &fdata, &fsize)) == NULL) { ok = 0; break; }
-            if (field == 1 && fdata != NULL) { name = fdata; name_size = fsize; }
-            else if (field == 3 && fdata != NULL) { value = fdata; value_size = fsize; values++; }
+            if ((q = pb_field(q, cend, &field)) == NULL) { ok = 0; break; }
+            if (field.number == 1 && field.data != NULL) { name = field.data; name_size = field.size; }
+            else if (field.number == 3 && field.data != NULL) {
+                value = field.data; value_size = field.size; values++;
+            }
         }
         if (!ok || values > 1) { ok = 0; break; }  /* a value in two parts: Python merges it */
         for (Py_ssize_t k = 0; k < nkeys; k++) {

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -153,12 +152,12 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                 raise KafkaException(described.error)
             return None
-        targets = {}
+        starts, targets = {}, {}
         for p in described.partitions:
-            _, high = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
-                                                  cached=False)
+            low, high = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
+                                                    cached=False)
             if high > 0:
-                targets[p] = high
+                starts[p], targets[p] = low, high
     finally:
         probe.close()
     if not targets:
@@ -167,9 +166,12 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
                                    "enable.partition.eof": True})
     value: bytes | None = None
     try:
-        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in targets])
+        # From the log start the probe saw, not OFFSET_BEGINNING: a new consumer that must
+        # look a logical offset up before it knows the partition's leader retries on a
+        # 500 ms timer. (Moved on meanwhile, the fetch resets to the earliest offset.)
+        reader.assign([TopicPartition(topic, p, starts[p]) for p in targets])
         while True:
-            for msg in reader.consume(1000, 0.05):
+            for msg in reader.consume(1000, 0.01):
                 if msg.error() is None and msg.key() == key:
                     value = msg.value()  # the latest wins; None is a tombstone
             positions = reader.position([TopicPartition(topic, p) for p in targets])

@@ -115,5 +115,9 @@ class Sink(ABC):
         exactly-once sinks; None otherwise."""
         return None
 
+    def end_batch(self) -> None:  # noqa: B027 - optional
+        """After each Spark batch: drop what must not outlive it in this Python worker
+        (the Kafka sink's transactional producers); the connections stay."""
+
     def close(self) -> None:  # noqa: B027 - optional
         pass
