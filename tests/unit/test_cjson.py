@@ -220,3 +220,27 @@ def test_cloudevents_splice_the_native_document_in_as_python_would_dump_it() -> 
         e = event(Op.OP_INSERT, after=[("id", value)])
         expected = json.dumps(cloudevent(e), separators=(",", ":"), ensure_ascii=False).encode()
         assert encoder.encode(e) == expected
+
+
+def test_errors_are_pythons_in_pythons_order() -> None:
+    """When values fail, the C path raises what the twin raises first (found by a fuzzer):
+    the twin reads keys in row order and encodes only once the whole document is built."""
+    keys_fail = ChangeEvent(op=Op.OP_INSERT, key_columns=["a", "b"], after=Row(columns=[
+        Column(name="b", value=Value(decimal_value="x")),
+        Column(name="a", value=Value(date_value=3_000_000))]))
+    same(keys_fail)
+    surrogate_then_bad_uuid = ChangeEvent(op=Op.OP_INSERT, after=Row(columns=[
+        Column(name="j", value=Value(json_value='"\\ud800"')),
+        Column(name="u", value=Value(uuid_value="x"))]))
+    same(surrogate_then_bad_uuid)
+
+
+def test_deep_arrays_and_empty_names() -> None:
+    deep = ChangeEvent(op=Op.OP_INSERT, key_columns=["a"])
+    value = deep.after.columns.add(name="a").value
+    for _ in range(51):  # past upb's nesting limit for Value.FromString
+        value = value.array_value.items.add()
+    value.int_value = 1
+    same(deep)
+    same(ChangeEvent())  # no database, no table, nothing
+    assert cjson.key_json(b"", str) == _py_key_bytes(ChangeEvent())

@@ -29,6 +29,7 @@ static int buf_grow(Buf *b, Py_ssize_t more) {
 }
 
 static int buf_put(Buf *b, const char *src, Py_ssize_t n) {
+    if (n == 0) return 0;  /* b->data may still be NULL: memcpy(NULL, .., 0) is UB */
     if (buf_grow(b, n) < 0) return -1;
     memcpy(b->data + b->size, src, n);
     b->size += n;

@@ -4,9 +4,9 @@
  * `key_json` is `_codec.key_bytes(event)` (sorted keys, ASCII). tests/unit/test_cjson.py
  * holds each pair to byte-identical output. A value whose JSON this file does not spell
  * exactly as Python does (a JSON document, an array, a date out of range, a numeric in
- * E-notation, a float's repr is Python's own) goes to the caller's `fallback(value_bytes)`,
- * which answers the value's JSON text; an event it cannot read at all answers None, and
- * the caller's Python encodes it.
+ * E-notation) goes to the caller's `fallback(value_bytes)`, which answers the value's JSON
+ * text; an event it cannot read at all, or whose fallback raised, answers None, and the
+ * caller's Python encodes it (or raises its own error, in its own order).
  */
 #include "_cbuf.h"
 
@@ -24,7 +24,8 @@ static const char HEX[] = "0123456789abcdef";
 static int put(Buf *b, const char *s) { return buf_put(b, s, (Py_ssize_t)strlen(s)); }
 
 /* A JSON string as json.dumps writes it: `ascii` is ensure_ascii=True (\uXXXX for every
- * code point past 0x7e, surrogate pairs past 0xffff); -2 for text that is not UTF-8. */
+ * code point past 0x7e, surrogate pairs past 0xffff); -2 for text that is not strict UTF-8
+ * (overlong forms, surrogates: Python's parser would have refused the event). */
 static int put_string(Buf *b, Span s, int ascii) {
     if (buf_grow(b, s.n * 6 + 2) < 0) return -1;  /* worst case: \u00XX per byte */
     char *o = b->data + b->size;
@@ -55,13 +56,15 @@ static int put_string(Buf *b, Span s, int ascii) {
         }
         if (!ascii) { *o++ = (char)c; p++; continue; }  /* valid UTF-8: the event parsed */
         uint32_t cp;
-        int len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
+        int len = c >= 0xf5 ? 0 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
         if (len == 0 || end - p < len) return -2;
         cp = c & (0x7f >> len);
         for (int i = 1; i < len; i++) {
             if ((p[i] & 0xc0) != 0x80) return -2;
             cp = (cp << 6) | (p[i] & 0x3f);
         }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)))
+            || (len == 4 && (cp < 0x10000 || cp > 0x10ffff))) return -2;  /* overlong, surrogate */
         p += len;
         uint32_t units[2] = {cp, 0};
         int count = 1;
@@ -182,19 +185,32 @@ static int put_float(Buf *b, double v) {
     return rc;
 }
 
+/* The fallback raised: which error the Python twin raises first depends on its own order of
+ * evaluation (row order for keys, encoding only after the whole dict), and Value.FromString
+ * has a nesting limit the twin does not: -2, so the caller's Python answers (or raises). */
+static int python_raised(void) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyErr_Clear();
+    return -2;
+}
+
 /* The value's JSON text from the caller's Python (`fallback(value_bytes) -> str`). */
 static int put_fallback(Buf *b, Span value, PyObject *fallback) {
     PyObject *raw = PyBytes_FromStringAndSize(value.p, value.n);
     if (raw == NULL) return -1;
     PyObject *text = PyObject_CallOneArg(fallback, raw);
     Py_DECREF(raw);
-    if (text == NULL) return -1;
+    if (text == NULL) return python_raised();
     Py_ssize_t n;
     const char *utf8 = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
     if (utf8 == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fallback must return str");
         Py_DECREF(text);
-        return -1;
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "fallback must return str");
+            return -1;
+        }
+        return python_raised();  /* e.g. a lone surrogate from a JSON document */
     }
     int rc = buf_put(b, utf8, n);
     Py_DECREF(text);
