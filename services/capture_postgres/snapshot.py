@@ -8,19 +8,23 @@ A chunk, on its own connection:
    `SELECT ... WHERE (key) > (cursor) [AND (where)] ORDER BY key LIMIT n` in it; values
    come back as the server's text, converted like pgoutput's (so a key read here and
    the same key streamed compare equal);
-3. the transactions the snapshot saw as running (`ChunkRows.hidden`): PostgreSQL makes
-   a commit visible a moment after its WAL record, so such a transaction can sit before
-   the low watermark in the stream and still be invisible to the read; the merger
-   removes the keys of those it saw before the watermark. One it did not see while it
-   recorded the table and that has committed by now (`pg_xact_status`) may be such a
-   transaction too: the chunk is read again;
+3. the transactions the read could not see (`ChunkRows.hidden`): those the snapshot lists
+   as running, and those at or past its `xmax` (begun after it, or not yet counted as
+   completed). PostgreSQL makes a commit visible a moment after its WAL record, so such a
+   transaction can sit before the low watermark in the stream and still be invisible to
+   the read; the merger removes the keys of those it saw before the watermark. One it
+   did not see while it recorded the table and that has committed by now
+   (`pg_xact_status`) may be such a transaction too: the chunk is read again;
 4. after COMMIT, the high watermark, flushed at once (`write_high`).
 
 Why this order: a transaction whose commit is in the WAL before the low watermark was
-assigned its xid before the snapshot, so the snapshot either sees it or lists it as
-running (step 3). Taking the snapshot first would miss one that starts and commits
-between the snapshot and the watermark — not visible, not listed, yet before the
-watermark in the stream: its change would be followed by an older read.
+assigned its xid before the snapshot, so the snapshot either sees it or counts it as not
+visible: listed as running, or at or past `xmax`. (`xmax` is one past the newest
+*completed* xid: a transaction whose commit record is written but that is not yet marked
+completed, and newer than every completed one, is not listed — a loaded machine showed
+it.) Taking the snapshot first would miss one that starts and commits between the
+snapshot and the watermark — not visible, not listed, yet before the watermark in the
+stream: its change would be followed by an older read.
 
 Values are encoded by `values.py` (`encoder_for`: the server's text straight to the
 serialized `Value` the stream's converters would give) from a `Relation` built from the
@@ -78,15 +82,27 @@ SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid::int, a.atttypmo
  ORDER BY a.attnum"""
 
 
-def _precedes(xmin: int) -> Callable[[str], bool]:
-    """Whether a streamed transaction id (32 bits) is older than `xmin`: no later snapshot
-    can list it as running."""
-    low = xmin & 0xFFFFFFFF
+def _precedes(xid: int) -> Callable[[str], bool]:
+    """Whether a streamed transaction id (32 bits) is older than `xid` (a snapshot's
+    `xmin`: no later snapshot can count it as not visible)."""
+    low = xid & 0xFFFFFFFF
 
     def older(tx_id: str) -> bool:
         return ((int(tx_id) - low) & 0xFFFFFFFF) >= 0x80000000
 
     return older
+
+
+def _invisible(xmax: int, running: list[int]) -> Callable[[str], bool]:
+    """Whether a streamed transaction id (32 bits) was not visible to a snapshot: listed as
+    running, or at or past its `xmax`."""
+    listed = {str(x & 0xFFFFFFFF) for x in running}
+    before_xmax = _precedes(xmax)
+
+    def invisible(tx_id: str) -> bool:
+        return tx_id in listed or not before_xmax(tx_id)
+
+    return invisible
 
 
 class _Table:
@@ -176,8 +192,10 @@ class PostgresChunks:
                            key_columns=table.keys)
 
     def begin_table(self, plan: TablePlan) -> None:
-        row = self._connection().execute(
-            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        """Every xid assigned so far is below a new one (a snapshot's `xmax` is not: it is
+        one past the newest completed xid). Those may have committed before the merger
+        recorded the table: `read_chunk` checks the ones its reads could not see."""
+        row = self._connection().execute("SELECT pg_current_xact_id()::text").fetchone()
         assert row is not None
         self._unsafe_below = int(row[0])
         self._long_running = set()
@@ -225,7 +243,11 @@ class PostgresChunks:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        older = self._settled([x for x in running if x < self._unsafe_below])
+        # not visible to the read and assigned before the table was recorded: listed as
+        # running, or at or past xmax (a handful, right after `begin_table` only)
+        unrecorded = [x for x in running if x < self._unsafe_below]
+        unrecorded += range(int(xmax), self._unsafe_below)
+        older = self._settled(unrecorded)
         template = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
                                database=self.database, schema=table.schema, table=table.name,
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
@@ -234,7 +256,7 @@ class PostgresChunks:
                           table.key_index, table.bus_index, head)
         cursor = [raw_rows[-1][i] for i in table.key_index] if raw_rows else None
         return ChunkRows(template, rows, cursor, more,
-                         hidden={str(x & 0xFFFFFFFF) for x in running},
+                         hidden=_invisible(int(xmax), running),
                          hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},
                          forgettable=_precedes(int(xmin)))
 
@@ -288,7 +310,8 @@ class PostgresChunks:
         # The stream ignores transactional messages (only the `tailrace` non-transactional
         # ones are watermarks), and the empty transaction with them.
         with conn.transaction():
-            conn.execute("SET LOCAL synchronous_commit = on")  # whatever the role's default
+            # flushed here, whatever the role's default; not waiting for a synchronous standby
+            conn.execute("SET LOCAL synchronous_commit = local")
             conn.execute("SELECT pg_logical_emit_message(true, %s, '')", (FLUSH_PREFIX,))
 
     def close(self) -> None:

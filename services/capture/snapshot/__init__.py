@@ -15,9 +15,9 @@ Two halves meet here:
   watermark the rows left become one read transaction (`op = OP_SNAPSHOT_READ`) at
   the watermark's position, and travel like any other transaction.
 
-A source whose commit order and visibility order can differ (PostgreSQL) also names,
-per chunk, the transactions that had committed but were not visible to the read
-(`ChunkRows.hidden`): their keys are removed as well; when such a transaction was not
+A source whose commit order and visibility order can differ (PostgreSQL) also says, per
+chunk, which transactions were not visible to the read (`ChunkRows.hidden`): the keys of
+those the stream saw commit before the low watermark are removed as well; when such a transaction was not
 seen by the merger while it recorded, the chunk is discarded and read again.
 
 The parts: `chunks` (what a chunk and a watermark are; the source's `ChunkSource`),

@@ -71,14 +71,15 @@ class ChunkRows:
     """What a chunk read: the table's read event without its row (`template`: what every
     read event of the table says) and the rows by key, in key order, already encoded (a
     chunk is many rows; see `records.py`); the cursor after them (the last key, as the
-    source's text values); whether rows follow; transactions that may have committed
-    unseen by the read, and those of them that may predate the merger's recording."""
+    source's text values); whether rows follow; which transactions the read could not see
+    (`hidden`: running at its snapshot or begun after it), and those that may have
+    committed unseen by both the read and the merger's recording."""
 
     template: ChangeEvent
     rows: dict[Key, ReadRow]
     cursor: list[str] | None
     more: bool  # rows follow the chunk
-    hidden: set[str] = field(default_factory=set)
+    hidden: Callable[[str], bool] = field(default=lambda _tx: False)
     hidden_unrecorded_is_unsafe: set[str] = field(default_factory=set)
     # transactions recorded for the table that no later chunk can name as hidden (prune)
     forgettable: Callable[[str], bool] | None = None

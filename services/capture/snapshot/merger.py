@@ -170,27 +170,27 @@ class SnapshotMerger:
         rows = chunk.rows
         with self._lock:
             seen = self._recorded.get(chunk.table, {})
-            hidden = {tx_id: seen[tx_id] for tx_id in rows.hidden if tx_id in seen}
+            hidden = {tx_id: keys for tx_id, keys in seen.items() if rows.hidden(tx_id)}
+            unseen = sorted(t for t in rows.hidden_unrecorded_is_unsafe if t not in seen)
             if rows.forgettable is not None:
                 for tx_id in [t for t in seen if rows.forgettable(t)]:
                     del seen[tx_id]
-        for tx_id in rows.hidden:
-            if tx_id in hidden:
-                if chunk.cleared is not None and hidden[tx_id] - chunk.dirty:
-                    # streamed before the low watermark, so before the TRUNCATE, and not
-                    # visible to the read: its rows would be in neither
-                    log.info("snapshot chunk read again: a transaction before its TRUNCATE "
-                             "was not visible to its read", table=chunk.table,
-                             chunk=chunk.number, tx_id=tx_id)
-                    self._discard(chunk)
-                    return
-                chunk.dirty.update(hidden[tx_id])
-            elif tx_id in rows.hidden_unrecorded_is_unsafe:
-                log.warning("snapshot chunk read again: a transaction committed before it was "
-                            "not visible to its read and was not seen by the stream",
-                            table=chunk.table, chunk=chunk.number, tx_id=tx_id)
+        if unseen:
+            log.warning("snapshot chunk read again: a transaction committed before it was "
+                        "not visible to its read and was not seen by the stream",
+                        table=chunk.table, chunk=chunk.number, tx_id=unseen[0])
+            self._discard(chunk)
+            return
+        for tx_id, keys in hidden.items():
+            if chunk.cleared is not None and keys - chunk.dirty:
+                # streamed before the low watermark, so before the TRUNCATE, and not
+                # visible to the read: its rows would be in neither
+                log.info("snapshot chunk read again: a transaction before its TRUNCATE "
+                         "was not visible to its read", table=chunk.table,
+                         chunk=chunk.number, tx_id=tx_id)
                 self._discard(chunk)
                 return
+            chunk.dirty.update(keys)
         if () in chunk.dirty:  # a TRUNCATE of the table between the watermarks
             kept: list[ReadRow] = []
         else:  # (a reset chunk cleared the table: what was on the bus is gone)

@@ -1,0 +1,98 @@
+"""A commit already in the WAL but not yet visible: what a snapshot chunk's read counts as
+not seen (`ChunkRows.hidden`), on a real server.
+
+PostgreSQL writes a commit record, then marks the transaction completed. In between, a
+new snapshot does not see the transaction; and when it is newer than every completed
+one, the snapshot does not list it as running either: it is at or past the snapshot's
+`xmax`. The stream may meanwhile have passed the commit, before the chunk's low
+watermark; the merger must then leave the key to the log (unit test:
+tests/unit/test_snapshot_merger.py). A loaded machine showed the race as a read older
+than a change before it. Here the window is held open deterministically: with a
+synchronous standby named that never connects, a commit waits after its WAL record is
+written and before it is marked completed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from tailrace.devservers import PostgresServer
+from tailrace.events import Column, Row, value_of
+from tailrace_services.capture.snapshot import key_of
+from tailrace_services.capture_postgres.snapshot import PostgresChunks
+
+pytestmark = pytest.mark.integration
+
+
+def _waiting_commit(dsn: str) -> tuple[threading.Thread, list[BaseException]]:
+    """Update row 5 and commit with `synchronous_commit = on`: the commit record is written,
+    then the backend waits for the (absent) synchronous standby."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True, application_name="lagging") as conn, \
+                    conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute("UPDATE t SET v = -1 WHERE id = 5")
+        except psycopg.errors.QueryCanceled:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_a_commit_written_but_not_yet_visible_counts_as_not_seen_by_the_read() -> None:
+    with PostgresServer() as pg:
+        pg.execute("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
+        pg.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 20) g")
+        dsn = pg.dsn()
+        chunks = PostgresChunks(dsn, "src", "acme", "postgres")
+        plan = chunks.plan("public.t")
+        chunks.begin_table(plan)  # its own xid commits now, before any standby is waited for
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+            admin.execute("SELECT pg_reload_conf()")
+            thread, errors = _waiting_commit(dsn)
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    found = admin.execute(
+                        "SELECT pid, backend_xid::text FROM pg_stat_activity "
+                        "WHERE application_name = 'lagging' AND wait_event = 'SyncRep'"
+                    ).fetchone()
+                    if found is not None:
+                        break
+                    assert time.monotonic() < deadline, "the commit never waited for a standby"
+                    time.sleep(0.02)
+                pid, xid = found
+                snapshot = admin.execute("SELECT pg_current_snapshot()::text").fetchone()
+                assert snapshot is not None
+                _, xmax, xip = snapshot[0].split(":")
+                assert xid not in xip.split(",") and int(xid) >= int(xmax), \
+                    f"the case under test: not listed as running ({snapshot[0]}, xid {xid})"
+
+                rows = chunks.read_chunk(plan, None, 100, "", "tok")
+
+                key = key_of(Row(columns=[Column(name="id", value=value_of(5))]),
+                             plan.key_columns)
+                read = {c.name: c.value.int_value for c in Row.FromString(rows.rows[key][1]).columns}
+                assert read == {"id": 5, "v": 5}, "the read does not see the update to -1"
+                assert rows.hidden(xid), f"transaction {xid} counts as not seen by the read"
+                assert not rows.hidden(str(int(xid) - 1000)), "an old one was seen"
+            finally:
+                admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                admin.execute("SELECT pg_reload_conf()")
+                admin.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'lagging'")
+                thread.join(30)
+                chunks.close()
+        assert not errors, errors
+
