@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 import pymysql  # noqa: E402
 import redis  # noqa: E402
-from confluent_kafka import Consumer  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from tailrace.config import load_pipeline  # noqa: E402
 from tailrace.devservers import (  # noqa: E402
@@ -150,7 +150,16 @@ class Arrivals(threading.Thread):
         consumer = Consumer({"bootstrap.servers": self.url, "group.id": "bench-e2e",
                              "auto.offset.reset": "earliest", "enable.auto.commit": False,
                              "isolation.level": "read_committed"})
-        consumer.subscribe(["e2e"])
+        # assigned, not subscribed: the sink creates the topic at its first write, and a
+        # subscription to a missing topic waits for the next metadata refresh (minutes)
+        partitions: list[int] = []
+        while not partitions and not self.stopped.is_set():
+            topic = consumer.list_topics("e2e", timeout=5).topics.get("e2e")
+            if topic is not None and topic.error is None:
+                partitions = sorted(topic.partitions)
+            else:
+                time.sleep(0.1)
+        consumer.assign([TopicPartition("e2e", p, 0) for p in partitions])
         while not self.stopped.is_set():
             for message in consumer.consume(10_000, 0.2):
                 if message.error() is None and message.key() is not None:
