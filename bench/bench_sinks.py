@@ -1,6 +1,7 @@
 """Benchmark of the sinks: events/s each, and Kafka exactly-once vs. at-least-once.
 
     .venv/bin/python bench/bench_sinks.py [--events 20000] [--batch 2000] [--rounds 3]
+                                          [--pure-python]
 
 Starts throwaway Redis, NATS, PostgreSQL and noida-db's Kafka, and writes the same
 deterministic change stream (transactions of 1-8 rows over two tables) through each
@@ -52,7 +53,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pure-python", action="store_true",
+                        help="encode JSON with the Python twins of _cjson (as without a compiler)")
     args = parser.parse_args()
+    if args.pure_python:
+        from tailrace.events import _codec
+
+        _codec.cjson = None  # type: ignore[assignment]
     events = source_events(args.events)
     batches = batches_of(events, args.batch)
     n = len(events)
