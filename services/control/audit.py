@@ -49,7 +49,9 @@ class AuditLog:
 
     def append(self, record: pb.AuditRecord) -> int:
         role = record.role if record.role in ROLES else "none"
-        record.ts_unix_ms = record.ts_unix_ms or int(time.time() * 1000)
+        now_ns = time.time_ns()
+        record.ts_unix_ns = record.ts_unix_ns or now_ns
+        record.ts_unix_ms = record.ts_unix_ms or now_ns // 1_000_000
         seq = self._storage.log_append(_log_name(role), record.SerializeToString())
         if seq > self.keep and seq % self._trim_every == 0:
             self._storage.log_truncate(_log_name(role), seq - self.keep)
@@ -65,7 +67,9 @@ class AuditLog:
             for record in self._read(name):
                 if not pipeline or record.pipeline == pipeline:
                     found.append(record)
-        found.sort(key=lambda r: (r.ts_unix_ms, r.role, r.sequence))
+        # in the order the calls were accepted: one role's log is in order by itself, and
+        # records of two roles in the same millisecond are told apart by the nanoseconds
+        found.sort(key=lambda r: (r.ts_unix_ns or r.ts_unix_ms * 1_000_000, r.role, r.sequence))
         return found[-limit:]
 
     def _read(self, role: str) -> builtins.list[pb.AuditRecord]:  # `list` is a method here

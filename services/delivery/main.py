@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 stopped.wait()
         return code
 
+    from tailrace.events._codec import cjson
+
+    log.info("delivery starting", pipeline=spec.name,
+             json_encoder="C" if cjson is not None else "pure Python (slower: run `make setup`)")
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the query stops within 0.5 s
     restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:

@@ -189,3 +189,16 @@ def test_audit_log_keeps_the_newest_per_role():
         log.list(role="root")
     with pytest.raises(ValueError, match="at least 1"):
         AuditLog(MemoryStorage(), keep=0)
+
+
+def test_audit_records_of_two_roles_in_one_millisecond_list_in_the_order_accepted():
+    """The roles' logs are merged for a listing: within one millisecond the nanoseconds
+    (not the role's name) order them (`admin` < `service` put a Pause before the
+    RegisterPipeline it followed)."""
+    log = AuditLog(MemoryStorage())
+    log.append(pb.AuditRecord(method="Admin/RegisterPipeline", role="service",
+                              pipeline="orders", ts_unix_ms=10**12))
+    log.append(pb.AuditRecord(method="Admin/Pause", role="admin", pipeline="orders",
+                              ts_unix_ms=10**12))
+    assert [r.method for r in log.list(pipeline="orders")] == ["Admin/RegisterPipeline",
+                                                                "Admin/Pause"]
