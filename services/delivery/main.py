@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 stopped.wait()
         return code
 
-    from tailrace.events._codec import cjson
+    from tailrace.events._codec import JSON_ACCELERATED
 
     log.info("delivery starting", pipeline=spec.name,
-             json_encoder="C" if cjson is not None else "pure Python (slower: run `make setup`)")
+             json_encoder="C" if JSON_ACCELERATED else "pure Python (slower: run `make setup`)")
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the query stops within 0.5 s
     restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:

@@ -14,6 +14,8 @@ try:  # the sinks' JSON in C (setup.py builds `_cjson`); the Python here is the 
 except ImportError:  # not built (no compiler): the same bytes, slower
     cjson = None  # type: ignore[assignment]
 
+JSON_ACCELERATED = cjson is not None  # delivery logs which one it runs
+
 
 def encode_event(event: ChangeEvent) -> bytes:
     """`BusRecord(event=event)` serialized, framed by hand (field 1, length-delimited) to
