@@ -113,6 +113,17 @@ def test_a_change_before_the_low_watermark_its_read_could_not_see_is_left_to_the
     assert [ids(t) for t in out] == [[3], [2], [1, 3]], "2 left to tx 10; 3 seen by the read"
 
 
+def test_a_reset_chunk_whose_read_missed_a_transaction_past_its_xmax_is_read_again() -> None:
+    """As with a transaction listed as running: streamed before the TRUNCATE, not in the
+    read, so the chunk is read again rather than losing its row."""
+    merger = SnapshotMerger("src", "acme")
+    chunk = chunk_of(merger, range(1, 4), cleared=True)
+    chunk.rows.hidden = _invisible(10, running=[])  # type: ignore[union-attr]
+    out = published(merger, [*tx("10", 2), mark(False, 11), mark(True, 13)])
+    assert chunk.outcome == "discarded"
+    assert [ids(t) for t in out] == [[2], []]  # the change, the TRUNCATE; no read
+
+
 def test_what_a_postgres_snapshot_could_not_see() -> None:
     invisible = _invisible(2**32 + 100, running=[2**32 + 95])  # xid8 values of epoch 1
     assert [invisible(t) for t in ("94", "95", "96", "99", "100", "101")] == [

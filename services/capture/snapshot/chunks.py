@@ -72,7 +72,7 @@ class ChunkRows:
     read event of the table says) and the rows by key, in key order, already encoded (a
     chunk is many rows; see `records.py`); the cursor after them (the last key, as the
     source's text values); whether rows follow; which transactions the read could not see
-    (`hidden`: running at its snapshot or begun after it), and those that may have
+    (`hidden`: listed as running by its snapshot, or at or past the snapshot's xmax), and those that may have
     committed unseen by both the read and the merger's recording."""
 
     template: ChangeEvent
