@@ -233,6 +233,8 @@ class MysqlChunks:
     """`ChunkSource` for MySQL/MariaDB (module docstring); one connection, used by the
     snapshot worker's thread only. `key_columns`: `snapshot.key_columns`."""
 
+    visible_after_streamed = False  # a read after the low watermark sees what it precedes
+
     def __init__(self, settings: ConnectionSettings, source_id: str, tenant: str,
                  flavor: str, signal: SignalTable, control: ControlClient,
                  key_columns: Mapping[str, Sequence[str]] | None = None) -> None:

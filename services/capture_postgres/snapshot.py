@@ -12,9 +12,8 @@ A chunk, on its own connection:
    as running, and those at or past its `xmax` (begun after it, or not yet counted as
    completed). PostgreSQL makes a commit visible a moment after its WAL record, so such a
    transaction can sit before the low watermark in the stream and still be invisible to
-   the read; the merger removes the keys of those it saw before the watermark. One it
-   did not see while it recorded the table and that has committed by now
-   (`pg_xact_status`) may be such a transaction too: the chunk is read again;
+   the read; the merger removes the keys of those it saw before the watermark, and reads
+   the chunk again when one of them was streamed before it began recording the table;
 4. after COMMIT, the high watermark, flushed at once (`write_high`).
 
 Why this order: a transaction whose commit is in the WAL before the low watermark was
@@ -26,14 +25,13 @@ it.) Taking the snapshot first would miss one that starts and commits between th
 snapshot and the watermark — not visible, not listed, yet before the watermark in the
 stream: its change would be followed by an older read.
 
-Values are encoded by `values.py` (`encoder_for`: the server's text straight to the
-serialized `Value` the stream's converters would give) from a `Relation` built from the
+Values are encoded as the stream encodes them (`Relation.encoders` and `kinds`: the
+server's text straight to the serialized `Value`), from a `Relation` built from the
 catalog, with the same key columns the stream's events get (`schema.choose_key`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,7 +42,6 @@ from psycopg.types.string import TextLoader
 from tailrace.errors import ConfigError
 from tailrace.events import ChangeEvent, Op
 from tailrace.events._codec import bus_key_of
-from tailrace.events._wire import column_prefix
 from tailrace_services.capture.snapshot import (
     WATERMARK_PREFIX,
     ChunkRows,
@@ -55,13 +52,11 @@ from tailrace_services.capture.snapshot import (
 from tailrace_services.capture_postgres.connection import connect
 from tailrace_services.capture_postgres.reader import Relation, RelationColumn, TypeInfo
 from tailrace_services.capture_postgres.schema import choose_key, configured_key
-from tailrace_services.capture_postgres.values import encoder_for, kind_for
 
 __all__ = ["PostgresChunks"]
 
 _FIRST_USER_OID = 16384
 COUNT_BELOW_BYTES = 256 * 1024 * 1024  # an unanalyzed table's rows are counted up to this size
-COMMIT_WAIT_S = 5.0
 FLUSH_PREFIX = "tailrace-flush"
 
 _COLUMNS = """
@@ -120,15 +115,7 @@ class _Table:
         self.keys = tuple(own or configured_key(self.relation, configured))
         self.keys_unchecked = bool(self.keys) and not own  # from the spec: no constraint
         self.estimate = int(rows[0][10])  # -1: never analyzed
-        columns = self.relation.columns
-        custom = [types[c.type_oid].name if c.type_oid in types else None for c in columns]
-        self.encoders = tuple(encoder_for(c.type_oid, name)
-                              for c, name in zip(columns, custom, strict=True))
-        self.kinds = bytes(kind_for(c.type_oid, name) for c, name in zip(columns, custom,
-                                                                        strict=True))
-        self.prefixes = tuple(column_prefix(c.name, type_name) for c, type_name
-                              in zip(columns, self.relation.type_names, strict=True))
-        names = [c.name for c in columns]
+        names = [c.name for c in self.relation.columns]
         self.key_index = tuple(names.index(k) for k in self.keys)  # the merger's key order
         self.bus_index = tuple(sorted(self.key_index))  # `bus_key`: the row's column order
 
@@ -136,6 +123,8 @@ class _Table:
 class PostgresChunks:
     """`ChunkSource` for PostgreSQL (module docstring); one connection, used by the
     snapshot worker's thread only."""
+
+    visible_after_streamed = True
 
     def __init__(self, dsn: str, source_id: str, tenant: str, database: str,
                  key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -146,8 +135,6 @@ class PostgresChunks:
         self.database = database
         self._conn: psycopg.Connection[Any] | None = None
         self._tables: dict[str, _Table] = {}
-        self._unsafe_below = 0  # xids below this may predate the merger's recording
-        self._long_running: set[int] = set()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -192,13 +179,8 @@ class PostgresChunks:
                            key_columns=table.keys)
 
     def begin_table(self, plan: TablePlan) -> None:
-        """Every xid assigned so far is below a new one (a snapshot's `xmax` is not: it is
-        one past the newest completed xid). Those may have committed before the merger
-        recorded the table: `read_chunk` checks the ones its reads could not see."""
-        row = self._connection().execute("SELECT pg_current_xact_id()::text").fetchone()
-        assert row is not None
-        self._unsafe_below = int(row[0])
-        self._long_running = set()
+        """Nothing to prepare: the merger knows which transactions it streamed before it
+        recorded the table (`SnapshotMerger._start_recording`)."""
 
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
                    token: str) -> ChunkRows:
@@ -243,20 +225,16 @@ class PostgresChunks:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        # not visible to the read and assigned before the table was recorded: listed as
-        # running (none is at or past xmax: `begin_table`'s own xid completed on this
-        # connection, so every snapshot after it has an xmax above the bound)
-        older = self._settled([x for x in running if x < self._unsafe_below])
         template = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
                                database=self.database, schema=table.schema, table=table.name,
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.keys)
         head = bus_key_of(self.database, table.schema, table.name, [])
-        rows = chunk_rows(raw_rows, table.kinds, table.encoders, table.prefixes,
+        relation = table.relation
+        rows = chunk_rows(raw_rows, relation.kinds, relation.encoders, relation.prefixes,
                           table.key_index, table.bus_index, head)
         cursor = [raw_rows[-1][i] for i in table.key_index] if raw_rows else None
         return ChunkRows(template, rows, cursor, more,
                          hidden=_invisible(int(xmax), running),
-                         hidden_unrecorded_is_unsafe={str(x & 0xFFFFFFFF) for x in older},
                          forgettable=_precedes(int(xmin)))
 
     @staticmethod
@@ -276,30 +254,6 @@ class PostgresChunks:
                     f"with {', '.join(table.keys)} = {', '.join(map(str, key))}; give columns "
                     "that are unique (and not null)")
             previous = key
-
-    def _settled(self, xids: list[int]) -> list[int]:
-        """Of transactions whose xid was assigned before the table's recording began (so
-        their commit may have been streamed before the merger recorded the table), those
-        that have committed. One still "in progress" may be between writing its commit
-        record and being marked completed: waited for up to COMMIT_WAIT_S; one longer is
-        taken for a long transaction, not a commit under way, and is not waited for again.
-        (A commit held longer than that by a synchronous standby is taken for one too: a
-        known gap, docs/snapshots.md.)"""
-        waiting = [x for x in xids if x not in self._long_running]
-        committed: list[int] = []
-        deadline = time.monotonic() + COMMIT_WAIT_S
-        while waiting:
-            statuses = self._connection().execute(
-                "SELECT x::text, pg_xact_status(x) FROM unnest(%s::text[]::xid8[]) AS x",
-                ([str(x) for x in waiting],)).fetchall()
-            committed += [int(x) for x, status in statuses if status == "committed"]
-            waiting = [int(x) for x, status in statuses if status == "in progress"]
-            if waiting and time.monotonic() > deadline:
-                self._long_running.update(waiting)
-                break
-            if waiting:
-                time.sleep(0.01)
-        return committed
 
     def write_high(self, token: str) -> None:
         conn = self._connection()

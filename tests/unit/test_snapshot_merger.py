@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
+
 from tailrace.events import Op, bus_key, decode_record, event_id
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import ChangeEvent, Position, PostgresPosition, Row, Value
 from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem, Prepared
 from tailrace_services.capture.snapshot import ChunkRows, SnapshotMerger, Watermark, key_of
+from tailrace_services.capture.snapshot import merger as merger_module
 from tailrace_services.capture.snapshot.merger import Chunk
 from tailrace_services.capture.snapshot.records import read_transaction
 from tailrace_services.capture_postgres.position import (
@@ -75,8 +78,8 @@ def encoded(events: Iterable[ChangeEvent]) -> dict[tuple[bytes, ...], tuple[byte
 
 
 def chunk_of(merger: SnapshotMerger, ids: range, *, cleared: bool = False,
-             hidden: set[str] | None = None) -> Chunk:
-    merger.record("public.t", KEYS)
+             hidden: set[str] | None = None, remember_before: bool = True) -> Chunk:
+    merger.record("public.t", KEYS, remember_before=remember_before)
     truncate = ChangeEvent(schema="public", table="t", op=Op.OP_TRUNCATE, key_columns=KEYS)
     chunk = Chunk("public.t", KEYS, request_id=1, number=1,
                   cleared=truncate if cleared else None)
@@ -122,6 +125,79 @@ def test_a_reset_chunk_whose_read_missed_a_transaction_past_its_xmax_is_read_aga
     out = published(merger, [*tx("10", 2), mark(False, 11), mark(True, 13)])
     assert chunk.outcome == "discarded"
     assert [ids(t) for t in out] == [[2], []]  # the change, the TRUNCATE; no read
+
+
+def test_a_transaction_streamed_before_the_recording_and_hidden_from_the_read_reads_again(
+        ) -> None:
+    """Tx 10 was streamed before the merger recorded the table, so its keys are not known;
+    its commit was not yet visible to the read (a synchronous standby can hold it back for
+    as long as it likes). The read may be older than tx 10's change, which is on the bus
+    already: the chunk is read again. A transaction streamed before that the read did see
+    is no reason to."""
+    merger = SnapshotMerger("src", "acme")
+    published(merger, [*tx("9", 1), *tx("10", 2)])
+    chunk = chunk_of(merger, range(1, 4), hidden={"10"})
+    assert published(merger, [mark(False, 11), mark(True, 13)]) == []
+    assert chunk.outcome == "discarded"
+
+    merger = SnapshotMerger("src", "acme")
+    published(merger, [*tx("9", 1), *tx("10", 2)])
+    chunk = chunk_of(merger, range(1, 4), hidden={"8"})
+    assert [ids(t) for t in published(merger, [mark(False, 11), mark(True, 13)])] == [[1, 2, 3]]
+
+
+def test_the_commits_remembered_before_a_recording_are_the_last_few_and_recent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the last RECENT_COMMITS commits, streamed within RECENT_S, are taken as unknown
+    (an id from long ago could wrap around and look new to the snapshot); a source whose
+    reads see every commit streamed before them remembers none; a transaction no chunk
+    can name any more is forgotten."""
+    monkeypatch.setattr(merger_module, "RECENT_COMMITS", 2)
+    merger = SnapshotMerger("src", "acme")
+    published(merger, [*tx("8", 1), *tx("9", 1), *tx("10", 2)])
+    chunk = chunk_of(merger, range(1, 4), hidden={"8"})
+    assert [ids(t) for t in published(merger, [mark(False, 11), mark(True, 13)])] == [[1, 2, 3]]
+    assert chunk.outcome == "published", "8 fell out of the last two"
+
+    merger = SnapshotMerger("src", "acme")
+    published(merger, tx("10", 2))
+    merger._recent[-1] = (merger._recent[-1][0] - merger_module.RECENT_S - 1, "10")
+    chunk = chunk_of(merger, range(1, 4), hidden={"10"})
+    published(merger, [mark(False, 11), mark(True, 13)])
+    assert chunk.outcome == "published", "10 was streamed too long ago"
+
+    merger = SnapshotMerger("src", "acme")
+    published(merger, tx("10", 2))
+    chunk = chunk_of(merger, range(1, 4), hidden={"10"}, remember_before=False)  # MySQL
+    published(merger, [mark(False, 11), mark(True, 13)])
+    assert chunk.outcome == "published"
+
+    merger = SnapshotMerger("src", "acme")
+    published(merger, tx("10", 2))
+    chunk = chunk_of(merger, range(1, 4))
+    chunk.rows.forgettable = {"10"}.__contains__  # type: ignore[union-attr]
+    published(merger, [mark(False, 11), mark(True, 13)])
+    assert chunk.outcome == "published" and merger._unrecorded["public.t"] == set()
+
+
+def test_a_transaction_under_way_when_the_recording_began_counts_as_unrecorded() -> None:
+    """Tx 10 changed key 2 before the merger recorded the table and key 3 after: the
+    recording knows only key 3. Hidden from the read, tx 10 would leave key 2's older read
+    to follow its change; the chunk is read again."""
+    merger = SnapshotMerger("src", "acme")
+    chunks: list[Chunk] = []
+
+    def feed() -> Iterable[FeedItem | Watermark]:
+        yield BEGIN
+        yield change(2)
+        chunks.append(chunk_of(merger, range(1, 4), hidden={"10"}))
+        yield change(3)
+        yield Commit(lambda e, i, n: e, Position(tx_seq=10), 0, "10")
+        yield mark(False, 11)
+        yield mark(True, 13)
+
+    assert [ids(t) for t in published(merger, feed())] == [[2, 3]]
+    assert chunks[0].outcome == "discarded"
 
 
 def test_what_a_postgres_snapshot_could_not_see() -> None:
@@ -210,9 +286,10 @@ def test_a_read_transaction_is_what_stamping_each_event_gives() -> None:
 def test_a_discarded_chunk_takes_the_next_one_read_meanwhile_with_it() -> None:
     """The worker reads chunk 2 while chunk 1 merges (it starts where chunk 1 ends). Chunk 1
     is discarded at its high watermark (a transaction hidden from its read that the stream
-    did not record): chunk 2 is discarded with it, so no row past chunk 1's is published
-    before chunk 1's are; a chunk announced after that is refused."""
+    passed before it recorded the table): chunk 2 is discarded with it, so no row past
+    chunk 1's is published before chunk 1's are; a chunk announced after that is refused."""
     merger = SnapshotMerger("src", "acme")
+    published(merger, tx("77", 9))
     merger.record("public.t", KEYS)
     template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
     first = Chunk("public.t", KEYS, request_id=1, number=1)
@@ -220,8 +297,7 @@ def test_a_discarded_chunk_takes_the_next_one_read_meanwhile_with_it() -> None:
     other = Chunk("public.u", KEYS, request_id=1, number=2)
     assert merger.open("t1", first)
     merger.fill("t1", ChunkRows(template, encoded(read(i) for i in (1, 2)), ["2"], more=True,
-                                hidden={"77"}.__contains__,
-                                hidden_unrecorded_is_unsafe={"77"}))
+                                hidden={"77"}.__contains__))
     assert merger.open("t2", second, after=first)
     assert merger.open("u2", other)
     merger.fill("t2", ChunkRows(template, encoded(read(i) for i in (3, 4)), ["4"], more=False))

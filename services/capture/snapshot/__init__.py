@@ -17,8 +17,9 @@ Two halves meet here:
 
 A source whose commit order and visibility order can differ (PostgreSQL) also says, per
 chunk, which transactions were not visible to the read (`ChunkRows.hidden`): the keys of
-those the stream saw commit before the low watermark are removed as well; when such a transaction was not
-seen by the merger while it recorded, the chunk is discarded and read again.
+those the stream saw commit before the low watermark are removed as well; when such a
+transaction was streamed before the merger began recording the table (its keys are not
+known), the chunk is discarded and read again.
 
 The parts: `chunks` (what a chunk and a watermark are; the source's `ChunkSource`),
 `merger` (the stream side), `worker` (the reading side), `recovery` (after a restart,

@@ -72,21 +72,24 @@ class ChunkRows:
     read event of the table says) and the rows by key, in key order, already encoded (a
     chunk is many rows; see `records.py`); the cursor after them (the last key, as the
     source's text values); whether rows follow; which transactions the read could not see
-    (`hidden`: listed as running by its snapshot, or at or past the snapshot's xmax), and those that may have
-    committed unseen by both the read and the merger's recording."""
+    (`hidden`: listed as running by its snapshot, or at or past the snapshot's xmax)."""
 
     template: ChangeEvent
     rows: dict[Key, ReadRow]
     cursor: list[str] | None
     more: bool  # rows follow the chunk
     hidden: Callable[[str], bool] = field(default=lambda _tx: False)
-    hidden_unrecorded_is_unsafe: set[str] = field(default_factory=set)
     # transactions recorded for the table that no later chunk can name as hidden (prune)
     forgettable: Callable[[str], bool] | None = None
 
 
 class ChunkSource(Protocol):
     """A source's side of a snapshot (`capture_<source>/snapshot.py`)."""
+
+    # A commit can be streamed before a new read sees it (PostgreSQL: the commit record is
+    # written, then the transaction is marked completed): the merger then remembers which
+    # transactions it streamed before it recorded a table (`SnapshotMerger.record`).
+    visible_after_streamed: bool
 
     def key_columns(self, table: str) -> tuple[str, ...]:
         """The table's chunking key; () when it has none."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,6 +26,11 @@ from tailrace_services.capture.snapshot.records import read_transaction
 __all__ = ["Chunk", "SnapshotMerger"]
 
 log = get_logger(__name__)
+
+# the commits a table's recording looks back on (`_start_recording`): at most this many,
+# streamed at most this long ago (older ids could wrap around and look new)
+RECENT_COMMITS = 8_192
+RECENT_S = 3600.0
 
 
 @dataclass
@@ -64,17 +70,32 @@ class SnapshotMerger:
         # until no chunk can name them as hidden any more (`ChunkRows.forgettable`)
         self._recorded: dict[str, dict[str, set[Key]]] = {}
         self._keys: dict[str, tuple[str, ...]] = {}
+        # per recorded table: transactions whose keys the recording may lack (committed
+        # before it began, or under way then), kept and forgotten like `_recorded`'s
+        self._unrecorded: dict[str, set[str]] = {}
+        # the last commits streamed: (time.monotonic(), tx id)
+        self._recent: deque[tuple[float, str]] = deque(maxlen=RECENT_COMMITS)
+        # recorded, not yet by the stream: table -> (keys, remember the commits before)
+        self._starting: dict[str, tuple[tuple[str, ...], bool]] = {}
 
     # worker side
-    def record(self, table: str, key_columns: tuple[str, ...]) -> None:
+    def record(self, table: str, key_columns: tuple[str, ...], *,
+               remember_before: bool = True) -> None:
+        """Record the table's streamed transactions from the stream's next item on: before
+        any watermark written from now (`_start_recording`). `remember_before`: the source
+        may stream a commit before a read sees it (`ChunkSource.visible_after_streamed`)."""
         with self._lock:
-            self._recorded.setdefault(table, {})
-            self._keys[table] = key_columns
+            if table in self._keys:
+                self._keys[table] = key_columns
+            else:
+                self._starting[table] = (key_columns, remember_before)
 
     def forget(self, table: str) -> None:
         with self._lock:
+            self._starting.pop(table, None)
             self._recorded.pop(table, None)
             self._keys.pop(table, None)
+            self._unrecorded.pop(table, None)
 
     def open(self, token: str, chunk: Chunk, after: Chunk | None = None) -> bool:
         """Announce a chunk. `after`: the table's chunk before it, read but still merging
@@ -103,7 +124,11 @@ class SnapshotMerger:
     def items(self, feed: Iterable[FeedItem | Watermark]) -> Iterator[FeedItem]:
         """The feed with watermarks replaced by read transactions."""
         tx_keys: dict[str, set[Key]] = {}
+        in_transaction = False
+        joined_midway: list[str] = []  # tables recorded from inside the open transaction
         for item in feed:
+            if self._starting:
+                joined_midway += self._start_recording(in_transaction)
             if isinstance(item, ChangeEvent):
                 if self._recorded:
                     self._note(tx_keys, item)
@@ -114,9 +139,14 @@ class SnapshotMerger:
                         self._note(tx_keys, event)
                 yield item
             elif isinstance(item, Commit):
+                self._recent.append((time.monotonic(), item.tx_id))
                 if tx_keys:
                     self._on_commit(item.tx_id, tx_keys)
                     tx_keys = {}
+                if joined_midway:
+                    self._on_partly_recorded(item.tx_id, joined_midway)
+                    joined_midway = []
+                in_transaction = False
                 yield item
             elif isinstance(item, Watermark):
                 tx_keys = {}
@@ -124,7 +154,33 @@ class SnapshotMerger:
             else:
                 if item is BEGIN:
                     tx_keys = {}
+                    joined_midway = []
+                    in_transaction = True
                 yield item
+
+    def _start_recording(self, in_transaction: bool) -> list[str]:
+        """Take up the tables `record` asked for, between two items of the feed. What the
+        recording cannot know: the keys of transactions that committed before it (the last
+        RECENT_COMMITS of them are named), and of the one under way, if any (returned: it
+        is named at its commit)."""
+        with self._lock:
+            tables = list(self._starting)
+            before: set[str] | None = None
+            for table in tables:
+                self._keys[table], remember = self._starting.pop(table)
+                self._recorded.setdefault(table, {})
+                if remember and before is None:
+                    since = time.monotonic() - RECENT_S
+                    before = {tx_id for at, tx_id in self._recent if at >= since}
+                self._unrecorded[table] = set(before) if remember and before else set()
+        return tables if in_transaction else []
+
+    def _on_partly_recorded(self, tx_id: str, tables: list[str]) -> None:
+        with self._lock:
+            for table in tables:
+                unrecorded = self._unrecorded.get(table)
+                if unrecorded is not None:
+                    unrecorded.add(tx_id)
 
     def _note(self, tx_keys: dict[str, set[Key]], event: ChangeEvent) -> None:
         table = table_of(event)
@@ -171,14 +227,20 @@ class SnapshotMerger:
         with self._lock:
             seen = self._recorded.get(chunk.table, {})
             hidden = {tx_id: keys for tx_id, keys in seen.items() if rows.hidden(tx_id)}
-            unseen = sorted(t for t in rows.hidden_unrecorded_is_unsafe if t not in seen)
+            unrecorded = self._unrecorded.get(chunk.table, set())
+            unknown = []
+            for tx_id in list(unrecorded):  # one pass: hidden, or forgettable (not both)
+                if rows.forgettable is not None and rows.forgettable(tx_id):
+                    unrecorded.discard(tx_id)
+                elif rows.hidden(tx_id):
+                    unknown.append(tx_id)
             if rows.forgettable is not None:
                 for tx_id in [t for t in seen if rows.forgettable(t)]:
                     del seen[tx_id]
-        if unseen:
-            log.warning("snapshot chunk read again: a transaction committed before it was "
-                        "not visible to its read and was not seen by the stream",
-                        table=chunk.table, chunk=chunk.number, tx_id=unseen[0])
+        if unknown:
+            log.warning("snapshot chunk read again: a transaction not visible to its read "
+                        "was streamed before the table's recording began (its keys are "
+                        "not known)", table=chunk.table, chunk=chunk.number, tx_id=min(unknown))
             self._discard(chunk)
             return
         for tx_id, keys in hidden.items():

@@ -34,6 +34,7 @@ FAILURES_BEFORE_FAILED = 3
 # chunks published but not yet in a recorded epoch: reading goes on meanwhile (an epoch
 # every `epoch_ms` would otherwise pause it); a restart scans the bus for them
 PENDING_CHUNKS = 4
+READ_AGAIN_BACKOFF_S = (0.05, 2.0)  # a chunk read again and again waits from, up to
 
 
 def _no_key(table: str) -> str:
@@ -278,7 +279,8 @@ class SnapshotWorker:
             exclude |= recovered.exclude
             if entry.state not in ACTIVE:
                 return
-        self.merger.record(table, plan.key_columns)
+        self.merger.record(table, plan.key_columns,
+                           remember_before=source.visible_after_streamed)
         ahead: Reading | None = None  # read, merging: its outcome not known yet
         try:
             source.begin_table(plan)
@@ -289,6 +291,7 @@ class SnapshotWorker:
             cursor = json.loads(entry.cursor) if entry.cursor else None
             number = entry.chunks_done
             pending: deque[pb.SnapshotChunk] = deque()  # on their way to the bus
+            read_again = 0  # times in a row the next chunk was discarded
             while not self._stopped.is_set():
                 current = self.progress.table(self.progress.read(), table)
                 if current is None or current.request_id != request_id or \
@@ -316,7 +319,13 @@ class SnapshotWorker:
                     if after is not None:
                         self._outcome(after)
                     ahead = None
+                    # e.g. a commit a synchronous standby holds back: not visible until it
+                    # lets it go
+                    self._stopped.wait(min(READ_AGAIN_BACKOFF_S[0] * 2 ** read_again,
+                                           READ_AGAIN_BACKOFF_S[1]))
+                    read_again = min(read_again + 1, 10)
                     continue
+                read_again = 0
                 ahead = after
                 number += 1
                 if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
