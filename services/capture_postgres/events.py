@@ -33,11 +33,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from tailrace.errors import FatalError
 from tailrace.events import (
-    UNCHANGED_TOAST,
     ChangeEvent,
     EventIds,
     Op,
@@ -47,7 +45,7 @@ from tailrace.events import (
     idempotency_key,
 )
 from tailrace.events import event_id as make_event_id
-from tailrace.events._wire import length_prefixed, row_bytes, value_bytes, varint
+from tailrace.events._wire import length_prefixed, row_bytes, varint
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
@@ -55,6 +53,7 @@ from tailrace_services.capture_postgres.connection import ReplicationConnection,
 from tailrace_services.capture_postgres.history import HistoryCheck
 from tailrace_services.capture_postgres.position import SlotFeedback, Timelines, tx_seq_of
 from tailrace_services.capture_postgres.reader import (
+    UNCHANGED_VALUE,
     Begin,
     Delete,
     Insert,
@@ -67,7 +66,7 @@ from tailrace_services.capture_postgres.reader import (
 from tailrace_services.capture_postgres.reader import Commit as PgCommit
 from tailrace_services.capture_postgres.schema import SchemaTracker
 
-__all__ = ["ChangeFeed", "EventFactory", "KeyOf", "fill_row", "fill_unchanged_toast", "make_row"]
+__all__ = ["ChangeFeed", "EventFactory", "KeyOf", "encoded_row", "fill_unchanged_toast"]
 
 READ_TIMEOUT_S = 0.2
 _CHANGES = (Insert, Update, Delete)
@@ -78,37 +77,24 @@ KeyOf = Callable[[Relation], list[str]]
 """The key columns of a table's events (`schema.KeyCatalog.key_of`)."""
 
 
-def fill_unchanged_toast(new: list[Any], old: list[Any]) -> list[Any]:
-    """`new` with each unchanged-TOAST marker replaced by the old row's value, where the
+def fill_unchanged_toast(new: list[bytes], old: list[bytes]) -> list[bytes]:
+    """`new` with each unchanged-TOAST value replaced by the old row's value, where the
     server sent one (a whole old row: REPLICA IDENTITY FULL). `new` itself if it has none."""
-    if not any(v is UNCHANGED_TOAST for v in new):
+    if UNCHANGED_VALUE not in new:
         return new
-    return [o if n is UNCHANGED_TOAST and o is not UNCHANGED_TOAST else n
+    return [o if n == UNCHANGED_VALUE and o != UNCHANGED_VALUE else n
             for n, o in zip(new, old, strict=True)]
 
 
-def make_row(relation: Relation, values: list[Any] | None, only: set[str] | None = None) -> Row:
-    row = Row()
-    if values is not None:
-        fill_row(row, relation, values, only)
-    return row
-
-
-def fill_row(row: Row, relation: Relation, values: list[Any], only: set[str] | None = None
-             ) -> None:
-    """Append the columns (all, or those named in `only`) to `row` in place: encoded by
-    hand and parsed in one call, cheaper than a message per column (`_wire`)."""
-    row.MergeFromString(encoded_row(relation, values, only))
-
-
-def encoded_row(relation: Relation, values: list[Any], only: set[str] | None = None
+def encoded_row(relation: Relation, values: list[bytes], only: set[str] | None = None
                 ) -> bytes:
-    """`fill_row`'s columns, serialized as a `Row`."""
+    """The columns (all, or those named in `only`) of a decoded tuple, serialized as a
+    `Row`."""
     if only is None:
-        return row_bytes(relation.prefixes, [value_bytes(v) for v in values])
+        return row_bytes(relation.prefixes, values)
     kept = [(prefix, value) for col, prefix, value
             in zip(relation.columns, relation.prefixes, values, strict=True) if col.name in only]
-    return row_bytes([p for p, _ in kept], [value_bytes(v) for _, v in kept])
+    return row_bytes([p for p, _ in kept], [v for _, v in kept])
 
 
 class EventFactory:
@@ -176,7 +162,7 @@ class EventFactory:
         return cached[3]
 
     @staticmethod
-    def _before(relation: Relation, old: list[Any] | None, new: list[Any] | None,
+    def _before(relation: Relation, old: list[bytes] | None, new: list[bytes] | None,
                 key_only: bool, keys: set[str]) -> bytes | None:
         """Full before-image with REPLICA IDENTITY FULL, key columns otherwise; None: none."""
         if old is not None:
@@ -258,19 +244,23 @@ class ChangeFeed:
         begin: Begin | None = None
         skipping = False
         changes = events = 0
+        read_bytes = 0  # counted in `log_bytes` once a transaction, not once a message
         while True:
             feedback.keep_alive()
             if tick is not None:
                 tick()
             data = repl.read(timeout=READ_TIMEOUT_S)
             if data is None:
+                if read_bytes:
+                    log_bytes.inc(read_bytes)
+                    read_bytes = 0
                 if history.pending:  # everything sent before that point is handled
                     history.on_wal_end(repl.server_wal_end)
                 yield IDLE
                 continue
             if data.wal_end > feedback.received:
                 feedback.received = data.wal_end
-            log_bytes.inc(len(data.payload))
+            read_bytes += len(data.payload)
             try:
                 msg = decode(data.payload)
             except ValueError as e:
@@ -289,6 +279,8 @@ class ChangeFeed:
                     raise FatalError("the pgoutput stream sent a Commit without a Begin: "
                                      "restart the capture service")
                 history.on_commit(begin.xid, begin.final_lsn, msg.end_lsn, msg.commit_ts_us)
+                log_bytes.inc(read_bytes)
+                read_bytes = 0
                 if not skipping:
                     rows.inc(changes)
                     yield self._commit(begin, msg)

@@ -5,10 +5,12 @@ Type ('Y') messages describe tables and custom types before the first change tha
 needs them, once per session (again after a DDL); `PgOutputDecoder` keeps them so
 that Insert/Update/Delete can name their columns and convert their values.
 
-Column values (see `values.py`): NULL is None; a TOASTed value the server did not
-send because it did not change is `tailrace.events.UNCHANGED_TOAST` (never None).
-An old tuple of kind 'K' (replica identity DEFAULT or USING INDEX) carries only the
-key columns: its other columns are None, which means "not sent", not NULL; the
+Column values come out serialized, as the `Value` each becomes in an event (see
+`values.py`: the server's text straight to those bytes, in C where `_cwire` is built,
+without a Python value in between): NULL is `NULL_VALUE`; a TOASTed value the server did
+not send because it did not change is `UNCHANGED_VALUE` (`tailrace.events.UNCHANGED_TOAST`,
+never NULL). An old tuple of kind 'K' (replica identity DEFAULT or USING INDEX) carries
+only the key columns: its other columns are NULL, which means "not sent"; the
 `old_is_key_only` flag says which kind it is.
 
 Timestamps (`commit_ts_us`) are converted from the PostgreSQL epoch (2000-01-01)
@@ -20,11 +22,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from tailrace.events import UNCHANGED_TOAST
-from tailrace.events._wire import column_prefix
-from tailrace_services.capture_postgres.values import ARRAY_ELEMENTS, Converter, converter_for
+from tailrace.events import UNCHANGED_TOAST, value_of
+from tailrace.events._wire import NULL, column_prefix, cwire
+from tailrace_services.capture_postgres.values import (
+    ARRAY_ELEMENTS,
+    Encoder,
+    encoder_for,
+    kind_for,
+)
 
 __all__ = [
     "Begin",
@@ -42,6 +48,9 @@ __all__ = [
     "Update",
     "format_type",
 ]
+
+NULL_VALUE = NULL
+UNCHANGED_VALUE = value_of(UNCHANGED_TOAST).SerializeToString()
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 00:00:00 UTC in Unix microseconds
 
@@ -113,17 +122,20 @@ class Relation:
     replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
     columns: tuple[RelationColumn, ...]
     types: Mapping[int, TypeInfo] = field(default_factory=dict, repr=False, compare=False)
-    converters: tuple[Converter, ...] = field(init=False, repr=False, compare=False)
+    encoders: tuple[Encoder, ...] = field(init=False, repr=False, compare=False)
+    """Each column's text -> serialized `Value`; `kinds`: which the C side does itself."""
+    kinds: bytes = field(init=False, repr=False, compare=False)
     type_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     """Readable SQL type of each column, as `format_type` prints it (no round-trip)."""
     prefixes: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
     """Each column's `Column` fields but its value, serialized (`_wire.row_bytes`)."""
 
     def __post_init__(self) -> None:
-        converters = tuple(
-            converter_for(c.type_oid, _custom_name(self.types, c.type_oid)) for c in self.columns
-        )
-        object.__setattr__(self, "converters", converters)
+        custom = [_custom_name(self.types, c.type_oid) for c in self.columns]
+        object.__setattr__(self, "encoders", tuple(
+            encoder_for(c.type_oid, name) for c, name in zip(self.columns, custom, strict=True)))
+        object.__setattr__(self, "kinds", bytes(
+            kind_for(c.type_oid, name) for c, name in zip(self.columns, custom, strict=True)))
         names = tuple(format_type(c.type_oid, c.type_modifier, self.types) for c in self.columns)
         object.__setattr__(self, "type_names", names)
         object.__setattr__(self, "prefixes", tuple(
@@ -137,7 +149,7 @@ class Relation:
 @dataclass(frozen=True, slots=True)
 class Insert:
     relation: Relation
-    new: list[Any]
+    new: list[bytes]  # serialized `Value`s
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +157,15 @@ class Update:
     """`old` is None unless the key changed or the replica identity is FULL."""
 
     relation: Relation
-    old: list[Any] | None
+    old: list[bytes] | None
     old_is_key_only: bool
-    new: list[Any]
+    new: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class Delete:
     relation: Relation
-    old: list[Any]
+    old: list[bytes]
     old_is_key_only: bool
 
 
@@ -280,45 +292,67 @@ class PgOutputDecoder:
         return Truncate(relations, bool(options & 1), bool(options & 2))
 
     @staticmethod
-    def _tuple(payload: bytes, pos: int, relation: Relation) -> tuple[list[Any], int]:
-        """TupleData at `pos`: values converted per column; returns them and the end."""
-        (count,) = _U16.unpack_from(payload, pos)
-        pos += 2
-        converters = relation.converters
-        if count != len(converters):
-            raise ValueError(
-                f"tuple of {relation.namespace}.{relation.name} has {count} columns,"
-                f" its Relation message {len(converters)}"
-            )
-        unpack_len = _U32.unpack_from
-        values: list[Any] = []
-        append = values.append
-        for index in range(count):
-            kind = payload[pos]
-            if kind == 0x74:  # 't': text
-                (length,) = unpack_len(payload, pos + 1)
-                pos += 5
-                raw = payload[pos : pos + length]
-                pos += length
-                try:
-                    append(converters[index](raw.decode()))
-                except (ValueError, ArithmeticError) as exc:
-                    raise ValueError(
-                        f"cannot decode {relation.name}.{relation.columns[index].name}"
-                        f" ({relation.type_name(index)}) from {raw[:80]!r}: {exc}"
-                    ) from exc
-            elif kind == 0x6E:  # 'n': NULL
-                append(None)
-                pos += 1
-            elif kind == 0x75:  # 'u': unchanged TOAST
-                append(UNCHANGED_TOAST)
-                pos += 1
-            else:
+    def _tuple(payload: bytes, pos: int, relation: Relation) -> tuple[list[bytes], int]:
+        """TupleData at `pos`: each column's serialized `Value`; returns them and the end."""
+        if cwire is not None:
+            try:
+                values, end = cwire.pg_tuple(payload, pos, relation.kinds, relation.encoders,
+                                             UNCHANGED_VALUE)
+                return values, end
+            except (ValueError, ArithmeticError):
+                pass  # the twin names the column (and raises) — or says why not
+        return _py_tuple(payload, pos, relation)
+
+
+def _py_tuple(payload: bytes, pos: int, relation: Relation) -> tuple[list[bytes], int]:
+    """`_cwire.pg_tuple`'s twin (tests/unit/test_wire.py holds them to the same bytes), with
+    errors that name the column."""
+    size = len(payload)
+    if pos + 2 > size:
+        raise ValueError(f"tuple of {relation.name} cut short before its column count")
+    (count,) = _U16.unpack_from(payload, pos)
+    pos += 2
+    encoders = relation.encoders
+    if count != len(encoders):
+        raise ValueError(
+            f"tuple of {relation.namespace}.{relation.name} has {count} columns,"
+            f" its Relation message {len(encoders)}"
+        )
+    unpack_len = _U32.unpack_from
+    values: list[bytes] = []
+    append = values.append
+    for index in range(count):
+        if pos >= size:
+            raise ValueError(f"tuple of {relation.name} cut short at column {index}")
+        kind = payload[pos]
+        if kind == 0x74:  # 't': text
+            if pos + 5 > size:
+                raise ValueError(f"tuple of {relation.name} cut short at column {index}")
+            (length,) = unpack_len(payload, pos + 1)
+            pos += 5
+            raw = payload[pos : pos + length]
+            if len(raw) < length:
+                raise ValueError(f"tuple of {relation.name} cut short at column {index}")
+            pos += length
+            try:
+                append(encoders[index](raw.decode()))
+            except (ValueError, ArithmeticError) as exc:
                 raise ValueError(
-                    f"unsupported tuple value kind {chr(kind)!r} in {relation.name}:"
-                    " binary mode is not requested by proto_version '1'"
-                )
-        return values, pos
+                    f"cannot decode {relation.name}.{relation.columns[index].name}"
+                    f" ({relation.type_name(index)}) from {raw[:80]!r}: {exc}"
+                ) from exc
+        elif kind == 0x6E:  # 'n': NULL
+            append(NULL_VALUE)
+            pos += 1
+        elif kind == 0x75:  # 'u': unchanged TOAST
+            append(UNCHANGED_VALUE)
+            pos += 1
+        else:
+            raise ValueError(
+                f"unsupported tuple value kind {chr(kind)!r} in {relation.name}:"
+                " binary mode is not requested by proto_version '1'"
+            )
+    return values, pos
 
 
 def _string(payload: bytes, pos: int) -> tuple[str, int]:

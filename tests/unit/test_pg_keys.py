@@ -8,7 +8,12 @@ import pytest
 
 from tailrace.envelopes import Encoder, debezium_key
 from tailrace.events import UNCHANGED_TOAST, ChangeEvent, Op, bus_key, key_bytes
-from tailrace_services.capture_postgres.events import EventFactory, fill_unchanged_toast
+from tailrace.events._wire import value_bytes
+from tailrace_services.capture_postgres.events import (
+    EventFactory,
+    encoded_row,
+    fill_unchanged_toast,
+)
 from tailrace_services.capture_postgres.position import Timelines
 from tailrace_services.capture_postgres.reader import Delete, Insert, Relation, RelationColumn, Update
 from tailrace_services.capture_postgres.schema import choose_key
@@ -25,6 +30,24 @@ def relation(identity: str, flags: tuple[bool, ...] = (True, False, False),
     return Relation(7, "public", "t", identity, tuple(
         RelationColumn(n, types[i], -1, flag) for i, (n, flag) in enumerate(zip(names, flags,
                                                                                 strict=True))))
+
+
+def encoded(values: list[object] | None) -> list[bytes] | None:
+    """Python values as the decoder gives a tuple: serialized `Value`s."""
+    return None if values is None else [value_bytes(v) for v in values]
+
+
+def insert_msg(rel: Relation, new: list[object]) -> Insert:
+    return Insert(rel, encoded(new))  # type: ignore[arg-type]
+
+
+def update_msg(rel: Relation, old: list[object] | None, key_only: bool, new: list[object]
+           ) -> Update:
+    return Update(rel, encoded(old), key_only, encoded(new))  # type: ignore[arg-type]
+
+
+def delete_msg(rel: Relation, old: list[object], key_only: bool) -> Delete:
+    return Delete(rel, encoded(old), key_only)  # type: ignore[arg-type]
 
 
 ALL = (True, True, True)
@@ -56,10 +79,12 @@ def test_key_columns_follow_the_table_order_whatever_the_identity() -> None:
 
 
 def test_unchanged_toast_is_filled_from_the_old_row_where_it_was_sent() -> None:
-    new = [1, "y", UNCHANGED_TOAST, UNCHANGED_TOAST]
-    old = [1, "x", BIG, UNCHANGED_TOAST]
-    assert fill_unchanged_toast(new, old) == [1, "y", BIG, UNCHANGED_TOAST]
-    plain = [1, "y", None, "z"]
+    new = encoded([1, "y", UNCHANGED_TOAST, UNCHANGED_TOAST])
+    old = encoded([1, "x", BIG, UNCHANGED_TOAST])
+    assert new is not None and old is not None
+    assert fill_unchanged_toast(new, old) == encoded([1, "y", BIG, UNCHANGED_TOAST])
+    plain = encoded([1, "y", None, "z"])
+    assert plain is not None
     assert fill_unchanged_toast(plain, old) is plain  # nothing to fill: no copy
 
 
@@ -80,18 +105,18 @@ def values(row: object) -> dict[str, object]:
 def test_full_update_keeps_the_whole_before_image_keys_by_the_pk_and_fills_toast() -> None:
     rel = relation("f", ALL)
     event = factory(["id"]).from_change(
-        Update(rel, [5, "old", BIG], False, [5, "new", UNCHANGED_TOAST]), 100, ("fp", 1))
+        update_msg(rel, [5, "old", BIG], False, [5, "new", UNCHANGED_TOAST]), 100, ("fp", 1))
     assert list(event.key_columns) == ["id"]
     assert values(event.before) == {"id": 5, "note": "old", "big": BIG}
     assert values(event.after) == {"id": 5, "note": "new", "big": BIG}
-    delete = factory(["id"]).from_change(Delete(rel, [5, None, BIG], False), 101, ("fp", 1))
+    delete = factory(["id"]).from_change(delete_msg(rel, [5, None, BIG], False), 101, ("fp", 1))
     assert list(delete.key_columns) == ["id"]
     assert values(delete.before) == {"id": 5, "note": None, "big": BIG}
 
 
 def test_default_update_without_old_row_keeps_the_toast_marker() -> None:
     rel = relation("d")
-    event = factory([]).from_change(Update(rel, None, False, [5, "new", UNCHANGED_TOAST]), 100,
+    event = factory([]).from_change(update_msg(rel, None, False, [5, "new", UNCHANGED_TOAST]), 100,
                                     ("fp", 1))
     assert values(event.before) == {"id": 5}
     assert values(event.after) == {"id": 5, "note": "new", "big": "TOAST"}
@@ -104,10 +129,10 @@ def stamped(event: ChangeEvent) -> ChangeEvent:
 
 def test_every_version_of_a_full_row_has_one_key() -> None:
     rel, f = relation("f", ALL), factory(["id"])
-    versions = [f.from_change(Insert(rel, [5, "v0", BIG]), 1, ("fp", 1))]
-    versions += [f.from_change(Update(rel, [5, f"v{i}", BIG], False, [5, f"v{i + 1}", BIG]),
+    versions = [f.from_change(insert_msg(rel, [5, "v0", BIG]), 1, ("fp", 1))]
+    versions += [f.from_change(update_msg(rel, [5, f"v{i}", BIG], False, [5, f"v{i + 1}", BIG]),
                                2 + i, ("fp", 1)) for i in range(3)]
-    versions.append(f.from_change(Delete(rel, [5, "v3", BIG], False), 9, ("fp", 1)))
+    versions.append(f.from_change(delete_msg(rel, [5, "v3", BIG], False), 9, ("fp", 1)))
     assert {key_bytes(e) for e in versions} == {b'{"pk":{"id":5},"table":"shop.public.t"}'}
     assert len({bus_key(e) for e in versions}) == 1
     assert len({Encoder("debezium").key(stamped(e)) for e in versions}) == 1
@@ -116,7 +141,7 @@ def test_every_version_of_a_full_row_has_one_key() -> None:
 def test_debezium_key_and_value_schema_under_full() -> None:
     rel = relation("f", ALL)
     event = stamped(factory(["id"]).from_change(
-        Update(rel, [5, None, BIG], False, [5, None, UNCHANGED_TOAST]), 100, ("fp", 1)))
+        update_msg(rel, [5, None, BIG], False, [5, None, UNCHANGED_TOAST]), 100, ("fp", 1)))
     key = debezium_key(event)
     assert key == {"schema": {"type": "struct", "optional": False,
                               "name": "src.shop.public.t.Key",
@@ -133,9 +158,9 @@ def test_debezium_key_and_value_schema_under_full() -> None:
 def test_a_table_without_a_key_is_keyed_by_its_name_and_refused_by_the_postgres_sink() -> None:
     rel = relation("f", ALL)
     f = factory([])
-    insert = f.from_change(Insert(rel, [5, "a", "b"]), 1, ("fp", 1))
-    update = f.from_change(Update(rel, [5, "a", "b"], False, [5, "c", "b"]), 2, ("fp", 1))
-    delete = f.from_change(Delete(rel, [6, "a", "b"], False), 3, ("fp", 1))
+    insert = f.from_change(insert_msg(rel, [5, "a", "b"]), 1, ("fp", 1))
+    update = f.from_change(update_msg(rel, [5, "a", "b"], False, [5, "c", "b"]), 2, ("fp", 1))
+    delete = f.from_change(delete_msg(rel, [6, "a", "b"], False), 3, ("fp", 1))
     assert not insert.key_columns and not update.key_columns
     assert values(update.before) == {"id": 5, "note": "a", "big": "b"}  # still whole
     assert key_bytes(insert) == key_bytes(delete) == b'{"pk":{},"table":"shop.public.t"}'
@@ -149,9 +174,7 @@ def test_a_table_without_a_key_is_keyed_by_its_name_and_refused_by_the_postgres_
 
 
 def _field_by_field(f: EventFactory, msg: Insert | Update | Delete, lsn: int) -> ChangeEvent:
-    """What `from_change` built before it parsed a template: `change` and `fill_row`."""
-    from tailrace_services.capture_postgres.events import fill_row
-
+    """What `from_change` built before it parsed a template: `change`, then each row."""
     rel = msg.relation
     keys = choose_key(rel, ["id"])
     op = {Insert: Op.OP_INSERT, Update: Op.OP_UPDATE, Delete: Op.OP_DELETE}[type(msg)]
@@ -159,14 +182,15 @@ def _field_by_field(f: EventFactory, msg: Insert | Update | Delete, lsn: int) ->
     old = getattr(msg, "old", None)
     if isinstance(msg, Update | Delete):
         if old is not None:
-            fill_row(event.before, rel, old, set(keys) if msg.old_is_key_only else None)
+            event.before.MergeFromString(
+                encoded_row(rel, old, set(keys) if msg.old_is_key_only else None))
         elif isinstance(msg, Update):
-            fill_row(event.before, rel, msg.new, set(keys))
+            event.before.MergeFromString(encoded_row(rel, msg.new, set(keys)))
     if isinstance(msg, Insert | Update):
         new = msg.new
         if isinstance(msg, Update) and old is not None and not msg.old_is_key_only:
             new = fill_unchanged_toast(new, old)
-        fill_row(event.after, rel, new)
+        event.after.MergeFromString(encoded_row(rel, new))
     return event
 
 
@@ -176,11 +200,11 @@ def test_an_event_parsed_from_its_template_equals_one_built_field_by_field(ident
     rel = relation(identity, ALL if identity == "f" else (True, False, False))
     f = factory(["id"])
     for lsn in (0, 100, 2**40):
-        for msg in (Insert(rel, [5, "a", BIG]), Insert(rel, [5, None, ""]),
-                    Update(rel, None, False, [5, "n", UNCHANGED_TOAST]),
-                    Update(rel, [4, None, None], True, [5, "n", "b"]),
-                    Update(rel, [5, "o", BIG], False, [5, "n", UNCHANGED_TOAST]),
-                    Delete(rel, [5, None, None], True), Delete(rel, [5, "o", BIG], False)):
+        for msg in (insert_msg(rel, [5, "a", BIG]), insert_msg(rel, [5, None, ""]),
+                    update_msg(rel, None, False, [5, "n", UNCHANGED_TOAST]),
+                    update_msg(rel, [4, None, None], True, [5, "n", "b"]),
+                    update_msg(rel, [5, "o", BIG], False, [5, "n", UNCHANGED_TOAST]),
+                    delete_msg(rel, [5, None, None], True), delete_msg(rel, [5, "o", BIG], False)):
             built = f.from_change(msg, lsn, ("fp", 1))
             expected = _field_by_field(f, msg, lsn)
             assert built == expected, msg

@@ -26,6 +26,12 @@ from tailrace.events._wire import (
     varint,
 )
 from tailrace_services.capture.snapshot import chunks, records
+from tailrace_services.capture_postgres.reader import (
+    UNCHANGED_VALUE,
+    Relation,
+    RelationColumn,
+    _py_tuple,
+)
 from tailrace_services.capture_postgres.values import converter_for, encoder_for, kind_for
 
 INTS = [0, 1, -1, 63, 64, -64, -65, 127, 128, 300, -300, 2**31, -(2**31), 2**62, 2**63 - 1,
@@ -210,6 +216,45 @@ def test_c_postgres_chunk_rows() -> None:
     for key_index, bus_index in (((0,), (0,)), ((1, 0), (0, 1))):
         args = (rows, kinds, encoders, prefixes, key_index, bus_index, head)
         assert cwire.chunk_rows(*args) == chunks._py_chunk_rows(*args)
+
+
+def _tuple_data(*values: str | bytes | None) -> bytes:
+    out = len(values).to_bytes(2, "big")
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value == b"u":
+            out += b"u"
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            out += b"t" + len(data).to_bytes(4, "big") + data
+    return out
+
+
+def test_c_pgoutput_tuples() -> None:
+    """`_cwire.pg_tuple` against its twin: every kind, NULL, unchanged TOAST, a long text,
+    a value only the Python encoder knows; and a bad value, a cut tuple, a binary one."""
+    oids = [20, 25, 1184, 1700, 16, 2950, 3802, 1186, 23, 1007]
+    relation = Relation(1, "public", "t", "d",
+                        tuple(RelationColumn(f"c{o}", o, -1, False) for o in oids))
+    rows = [("1", "a", "2026-11-24 07:30:01+00", "1.50", "t", str(uuid.UUID(int=1)), "{}",
+             "1 day", "7", "{1,2,NULL}"),
+            ("-2", None, "infinity", "NaN", b"u", None, b"u", None, "-7", None),
+            ("9223372036854775807", "é" * 300, None, "0.0000001", "f", str(uuid.UUID(int=2)),
+             "[1]", "00:01:00", None, "{}")]
+    for row in rows:
+        payload = b"I\x00\x00\x00\x01N" + _tuple_data(*row) + b"trailing"
+        expected = _py_tuple(payload, 6, relation)
+        assert cwire.pg_tuple(payload, 6, relation.kinds, relation.encoders,
+                              UNCHANGED_VALUE) == expected
+        assert expected[1] == len(payload) - len(b"trailing")
+    bad = [_tuple_data("x", *rows[0][1:]), _tuple_data(*rows[0])[:-3],
+           _tuple_data(*rows[0][:-1]), b"\x00\x01b"]
+    for payload in bad:
+        with pytest.raises(ValueError):
+            cwire.pg_tuple(payload, 0, relation.kinds, relation.encoders, UNCHANGED_VALUE)
+    with pytest.raises(ValueError, match=r"t\.c20 \(bigint\) from b'x'"):
+        _py_tuple(bad[0], 0, relation)
 
 
 def test_c_read_records() -> None:

@@ -316,6 +316,89 @@ static PyObject *py_values(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* pg_tuple(payload, pos, kinds, fallbacks, toast) -> ([Value bytes], end): a pgoutput
+ * TupleData at `pos` (proto_version 1: text, NULL or unchanged TOAST per column), each
+ * text value as `buf_value` encodes it; `toast` is the unchanged-TOAST Value. The Python
+ * twin and the error messages naming the column: capture_postgres/reader.py. */
+static PyObject *py_pg_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2]) || !PyTuple_Check(args[3]) ||
+        !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "pg_tuple(payload: bytes, pos: int, kinds: bytes, fallbacks: tuple, toast: bytes)");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    const char *kinds = PyBytes_AS_STRING(args[2]);
+    Py_ssize_t columns = PyBytes_GET_SIZE(args[2]);
+    if (PyTuple_GET_SIZE(args[3]) != columns) {
+        PyErr_SetString(PyExc_ValueError, "pg_tuple: kinds and fallbacks differ in length");
+        return NULL;
+    }
+    if (pos < 0 || pos + 2 > size) {
+        PyErr_SetString(PyExc_ValueError, "pg_tuple: the tuple is cut short");
+        return NULL;
+    }
+    Py_ssize_t count = ((Py_ssize_t)data[pos] << 8) | data[pos + 1];
+    pos += 2;
+    if (count != columns) {
+        PyErr_Format(PyExc_ValueError, "pg_tuple: %zd columns, %zd expected", count, columns);
+        return NULL;
+    }
+    PyObject *out = PyList_New(columns);
+    if (out == NULL) return NULL;
+    Buf b = {0};
+    for (Py_ssize_t c = 0; c < columns; c++) {
+        PyObject *value = NULL;
+        if (pos >= size) {
+            PyErr_SetString(PyExc_ValueError, "pg_tuple: the tuple is cut short");
+            goto fail;
+        }
+        unsigned char kind = data[pos];
+        if (kind == 't') {
+            if (pos + 5 > size) {
+                PyErr_SetString(PyExc_ValueError, "pg_tuple: the tuple is cut short");
+                goto fail;
+            }
+            uint32_t length = ((uint32_t)data[pos + 1] << 24) | ((uint32_t)data[pos + 2] << 16) |
+                              ((uint32_t)data[pos + 3] << 8) | data[pos + 4];
+            pos += 5;
+            if ((uint64_t)length > (uint64_t)(size - pos)) {
+                PyErr_SetString(PyExc_ValueError, "pg_tuple: the tuple is cut short");
+                goto fail;
+            }
+            Py_ssize_t n = (Py_ssize_t)length;
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)data + pos, n, NULL);
+            if (text == NULL) goto fail;
+            pos += n;
+            b.size = 0;
+            int rc = buf_value(&b, kinds[c], text, PyTuple_GET_ITEM(args[3], c));
+            Py_DECREF(text);
+            if (rc < 0) goto fail;
+            value = buf_bytes(&b);
+        } else if (kind == 'n') {
+            pos += 1;
+            value = PyBytes_FromStringAndSize("\x08\x01", 2);
+        } else if (kind == 'u') {
+            pos += 1;
+            value = Py_NewRef(args[4]);
+        } else {
+            PyErr_Format(PyExc_ValueError, "pg_tuple: unsupported tuple value kind %c", kind);
+            goto fail;
+        }
+        if (value == NULL) goto fail;
+        PyList_SET_ITEM(out, c, value);
+    }
+    buf_free(&b);
+    PyObject *result = Py_BuildValue("(Nn)", out, pos);
+    return result;
+fail:
+    buf_free(&b);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* -- Rows ------------------------------------------------------------------------------ */
 
 /* Row.columns (1): Column{prefix (name, type, value tag), size, value} */
@@ -716,6 +799,7 @@ static PyMethodDef methods[] = {
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL, NULL},
     {"values", (PyCFunction)(void (*)(void))py_values, METH_FASTCALL, NULL},
     {"chunk_rows", (PyCFunction)(void (*)(void))py_chunk_rows, METH_FASTCALL, NULL},
+    {"pg_tuple", (PyCFunction)(void (*)(void))py_pg_tuple, METH_FASTCALL, NULL},
     {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_FASTCALL, NULL},
     {"event_ids", (PyCFunction)(void (*)(void))py_event_ids, METH_FASTCALL, NULL},
     {"row_key", (PyCFunction)(void (*)(void))py_row_key, METH_FASTCALL, NULL},
