@@ -111,6 +111,44 @@ def test_a_rewound_sink_receives_again_what_it_had(redis_server: Any) -> None:
     sink.close()
 
 
+def test_a_checkpoint_moved_by_another_writer_refuses_the_whole_batch(redis_server: Any
+                                                                     ) -> None:
+    """Between the WATCH and EXEC another writer stores a checkpoint: nothing of the batch
+    is applied, the error is retryable, and the connection serves the next write."""
+    sink, prefix = make_sink(redis_server.url)
+    first, second = batches_of(source_events(200), 100)
+    client = redis.Redis.from_url(redis_server.url)
+    key = f"tailrace:checkpoint:{_PIPELINE['name']}:r1:0"
+    with pytest.raises(redis.WatchError), sink.begin(commit(first)) as tx:
+        client.set(key, second[-1].position.SerializeToString())  # the other writer
+        tx.write(first, list(range(len(first))), commit(first))
+    assert entries(redis_server.url, prefix) == [], "no entry of the refused batch"
+    assert client.get(key) == second[-1].position.SerializeToString()
+    client.delete(key)
+    sink.write(first, commit(first))
+    assert len(entries(redis_server.url, prefix)) == len(first)
+    sink.close()
+
+
+def test_a_key_that_is_not_a_stream_fails_the_batch_before_anything_is_applied(
+        redis_server: Any) -> None:
+    """Redis runs the rest of a transaction when one XADD fails inside EXEC (WRONGTYPE): the
+    checkpoint would move past an event never written. The sink checks the streams' types
+    first, says which key is in the way, and applies nothing."""
+    sink, prefix = make_sink(redis_server.url)
+    batch = source_events(100)
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(f"{prefix}.orders", "not a stream")
+    with pytest.raises(NonRetryableError, match=rf"key '{prefix}.orders' holds a string"):
+        sink.write(batch, commit(batch))
+    assert client.get(f"tailrace:checkpoint:{_PIPELINE['name']}:r1:0") is None
+    assert client.xlen(f"{prefix}.items") == 0
+    client.delete(f"{prefix}.orders")
+    sink.write(batch, commit(batch))
+    assert len(entries(redis_server.url, prefix)) == len(batch)
+    sink.close()
+
+
 def test_envelope_and_maxlen(redis_server: Any) -> None:
     sink, prefix = make_sink(redis_server.url, envelope="debezium", maxlen=50)
     batch = source_events(400)
