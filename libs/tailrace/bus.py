@@ -90,8 +90,9 @@ def ensure_topic(brokers: str, topic: str, partitions: int, timeout: float = 15.
         if have < partitions:
             raise ConfigError(
                 f"spec.bus.partitions is {partitions} but bus topic {topic!r} has {have} "
-                f"partition(s); set spec.bus.partitions to {have}, or, once every sink has "
-                f"caught up, delete the topic so capture creates it with {partitions}")
+                f"partition(s); set spec.bus.partitions to {have} (a running pipeline's bus "
+                "cannot be repartitioned yet: the control service refuses epochs that end "
+                "before the ones recorded on the old topic)")
         return
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                             replication_factor=1)])

@@ -10,7 +10,7 @@ import grpc
 
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
-from tailrace_services.control.status import require
+from tailrace_services.control.status import FailedPrecondition, require
 from tailrace_services.control.storage import Storage
 
 HISTORY = 10_000
@@ -29,12 +29,26 @@ class EpochStore:
         self._storage = storage
 
     def record(self, epoch: pb.Epoch) -> None:
-        """Keep the latest epoch; one whose offsets are behind the stored one is ignored, so the
-        planned end of the bus never moves backwards."""
+        """Keep the latest epoch. One whose offsets are behind the stored one's is refused: the
+        planned end of the bus never moves backwards, and a capture whose bus lost what it
+        published (a topic deleted and made again, a broker that lost its data) must stop
+        rather than go on past records that delivery will never read (they were ignored
+        silently before: once the new offsets passed the old ones, delivery took up from
+        there, and the sinks' checkpoints passed the changes lost with the bus)."""
         latest = self.latest(epoch.source_id)
-        if latest is not None and any(
-                epoch.end_offsets.get(p, 0) < o for p, o in latest.end_offsets.items()):
-            return
+        behind = sorted((p, o, epoch.end_offsets.get(p, 0)) for p, o in
+                        (latest.end_offsets.items() if latest is not None else ())
+                        if epoch.end_offsets.get(p, 0) < o)
+        if latest is not None and behind:
+            where = ", ".join(f"partition {p} at offset {now:,} (epoch {latest.epoch_id} ended "
+                              f"at {then:,})" for p, then, now in behind)
+            raise FailedPrecondition(
+                f"epoch {epoch.epoch_id} of source {epoch.source_id} ends before the latest "
+                f"recorded one: {where}. The bus no longer holds what this source published "
+                "(its topic was deleted or made again, or the broker lost its data), or this "
+                "capture is an older copy still running; changes not yet delivered are still "
+                "in the source's log up to the sinks' checkpoints, but the pipeline cannot go "
+                "on over this bus: restore the topic, or stop the older copy")
         self._storage.kv_put(_latest_key(epoch.source_id), epoch.SerializeToString())
         seq = self._storage.log_append(_history(epoch.source_id), epoch.SerializeToString())
         if seq > HISTORY and seq % 1000 == 0:
