@@ -74,11 +74,31 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
     except Exception as e:  # noqa: BLE001 - classified in _give_up
         return _give_up(sink, outcome, e)
     if stored is not None and position_key(stored) > hwm:
-        hwm = position_key(stored)  # the sink committed further than the control service knows
+        # the sink committed further than the control service knows
+        if dead_letter:
+            _dead_letters_again(sink, batches, hwm, position_key(stored), outcome)
+        hwm = position_key(stored)
     try:
         return _deliver_batches(sink, batches, hwm, commit_for, dead_letter, sleep, outcome)
     finally:
         outcome.write_s = time.monotonic() - started
+
+
+def _dead_letters_again(sink: Sink, batches: Sequence[Sequence[ChangeEvent]],
+                        after: tuple[int, int], upto: tuple[int, int],
+                        outcome: SinkOutcome) -> None:
+    """The sink holds events the control service's checkpoint does not cover: written by a
+    task whose result did not reach the commit (a crash, a refused dead-letter append). The
+    dead letters of that write went with the result, and the events are skipped now: found
+    again by the sink's per-event checks, which give the same answer (the queue may then
+    hold an entry twice, never none)."""
+    skipped = [e for batch in batches for e in batch
+               if after < position_key(e.position) <= upto]
+    for i, reason in sink.per_event_failures(skipped) if skipped else []:
+        outcome.dead_letters.append((skipped[i], f"sink {sink.id}: {reason}"))
+    if outcome.dead_letters:
+        log.warning("dead letters found again in events the sink held past the control "
+                    "service's checkpoint", sink=sink.id, events=len(outcome.dead_letters))
 
 
 def _open(sink: Sink, partition: int, rewind: int = 0) -> Position | None:

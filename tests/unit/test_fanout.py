@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 
@@ -10,7 +11,8 @@ from tailrace.errors import FatalError, NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent, Position
 from tailrace.retry import backoff_delays, call_with_retry
 from tailrace_services.delivery.fanout import fan_out
-from tailrace_services.delivery.sinks.base import BatchCommit, RetryPolicy, Sink
+from tailrace_services.delivery.sinks.base import BatchCommit, PerEventError, RetryPolicy, Sink
+from tailrace_services.delivery.sinks.exactly_once import AtomicWrite, ExactlyOnceSink
 
 
 class FlakySink(Sink):
@@ -119,3 +121,69 @@ def test_per_event_failure_without_journal_blocks_the_sink():
     (outcome,) = fan_out([sink], batches(), {"p": None}, commit_for, dead_letter=False)
     assert not outcome.acked and outcome.error_class == "non_retryable"
     assert [e.table for e in sink.events] == ["1.0", "1.1"], "stops at the failing batch"
+
+
+def _refused(events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+    return [(i, "too large") for i, e in enumerate(events) if e.table == "bad"]
+
+
+class _Transaction(AtomicWrite):
+    def __init__(self, sink: AtomicPickySink) -> None:
+        self.sink = sink
+        self.stored = sink.stored
+
+    def write(self, events: Sequence[ChangeEvent], indexes: list[int],
+              commit: BatchCommit) -> None:
+        bad = [(i, r) for i, r in _refused(events) if i in indexes]
+        if bad:
+            raise PerEventError("refused", bad)
+        self.sink.rows.extend(events[i].id for i in indexes)
+        self.sink.stored = commit.position
+
+
+class AtomicPickySink(ExactlyOnceSink):
+    """An exactly-once sink (its checkpoint stored with its rows) refusing the events of
+    table 'bad' one by one, as the Redis, PostgreSQL and transactional Kafka sinks do."""
+
+    id, required, pipeline = "k", True, "p"
+    retry = RetryPolicy(base_s=0.001, max_s=0.002, attempts=3)
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.stored: Position | None = None
+
+    @contextmanager
+    def begin(self, commit: BatchCommit) -> Iterator[AtomicWrite]:
+        yield _Transaction(self)
+
+    def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
+        return self.stored
+
+    def write_unchecked(self, events: Sequence[ChangeEvent]) -> None:
+        raise AssertionError("always with a commit here")
+
+    def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
+        return error
+
+    def per_event_failures(self, events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+        return _refused(events)
+
+
+def test_dead_letters_lost_with_a_task_are_found_again_in_what_the_sink_holds() -> None:
+    """Attempt 1 dead-letters e1 and the sink commits e0, e2 with its checkpoint; the task's
+    result (its dead letters) never reaches the control service, whose checkpoint stays.
+    Attempt 2 skips what the sink holds, but finds e1's dead letter again: e1 is neither
+    lost nor written."""
+    events = [ChangeEvent(id=f"e{i}", table="bad" if i == 1 else "t",
+                          position=Position(tx_seq=1, event_index=i)) for i in range(3)]
+    sink = AtomicPickySink()
+    (first,) = fan_out([sink], [events], {"k": None}, commit_for, dead_letter=True)
+    assert [e.id for e, _ in first.dead_letters] == ["e1"]
+    assert sink.rows == ["e0", "e2"]
+    (again,) = fan_out([sink], [events], {"k": None}, commit_for, dead_letter=True)
+    assert again.acked and again.skipped == 3
+    assert [(e.id, r) for e, r in again.dead_letters] == [("e1", "sink k: too large")]
+    assert sink.rows == ["e0", "e2"]
+    (caught_up,) = fan_out([sink], [events], {"k": events[-1].position}, commit_for,
+                           dead_letter=True)
+    assert caught_up.dead_letters == [], "once the control service's checkpoint covers them"

@@ -110,6 +110,13 @@ class Sink(ABC):
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         """Deliver `events` in the given order; return only once the destination acknowledged."""
 
+    def per_event_failures(self, events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+        """What `write` would refuse of `events` one by one (`PerEventError.failures`),
+        without writing: the checks that can be made again and give the same answer. Used
+        after a crash, for the events the sink holds past the control service's checkpoint
+        (their dead letters may have been lost with the task, `fanout`)."""
+        return []
+
     def stored_position(self, partition: int = 0, rewind: int = 0) -> Position | None:
         """The checkpoint stored with the data for rewind generation `rewind`, for
         exactly-once sinks; None otherwise."""

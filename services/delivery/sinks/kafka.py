@@ -192,6 +192,15 @@ class KafkaSink(Sink):
             return
         raise failure  # outside the except block: no traceback keeps the producer alive
 
+    def per_event_failures(self, events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+        """The client's own checks (routing, encoding, `message.max.bytes`); a refusal by
+        the broker alone (a topic's smaller `max.message.bytes`) cannot be made again here."""
+        try:
+            self.messages(events, range(len(events)))
+        except PerEventError as e:
+            return e.failures
+        return []
+
     def messages(self, events: Sequence[ChangeEvent], indexes: Iterable[int]
                  ) -> dict[int, list[Message]]:
         """Route and encode `events[i]` for each index, into its messages; the ones that

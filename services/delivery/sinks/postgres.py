@@ -154,6 +154,9 @@ class PostgresSink(ExactlyOnceSink):
 
     # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
 
+    def per_event_failures(self, events: Sequence[ChangeEvent]) -> list[tuple[int, str]]:
+        return keyless_changes(events)
+
     def write(self, events: Sequence[ChangeEvent], commit: BatchCommit | None = None) -> None:
         keyless = keyless_changes(events)
         if keyless:  # before anything of the batch is written
