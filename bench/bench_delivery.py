@@ -14,6 +14,7 @@ Prints events/s for both and the per-micro-batch latency p50/p99.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import statistics
 import sys
 import threading
@@ -62,6 +63,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--tx-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=20_000, help="batch.max_events")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="profile the plain loop (cProfile) into FILE (read with "
+                             "`python -m pstats FILE`) and skip the Spark job")
     args = parser.parse_args()
 
     with KafkaBroker() as broker, RedisServer() as red:
@@ -90,6 +94,9 @@ def main() -> None:
         records = [(o, v) for offsets, values in read_bus_range(broker.bootstrap, topic, 0, 0, end)
                    for o, v in zip(offsets, values, strict=True)]
         read_s = time.perf_counter() - t0
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         result = deliver_slice(0, records, [sink], {"r": None}, pipeline="plain",
                                source_id="syn", batch=plain.spec.batch,
                                processors=ProcessorChain([]))
@@ -97,6 +104,11 @@ def main() -> None:
         delivered = result.delivered["r"]
         print(f"plain loop: {delivered} events in {loop_s:.2f} s "
               f"({delivered / loop_s:,.0f} events/s; bus read {read_s:.2f} s)")
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+            control.stop()
+            return
 
         # 2. the Spark job
         spark_spec = spec_for("spark", broker.bootstrap, topic, red.url, address, args.batch)

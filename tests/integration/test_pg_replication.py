@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tailrace.devservers import PostgresServer, free_port
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
-from tailrace.events import UNCHANGED_TOAST
+from tailrace.events import UNCHANGED_TOAST, Value, python_of
 from tailrace.events._values import Json
 from tailrace_services.capture_postgres.connection import ReplicationConnection, str_to_lsn
 from tailrace_services.capture_postgres.errors import SlotMissingError
@@ -88,12 +88,23 @@ def collect(
     return messages
 
 
+def py(values: list[bytes] | None) -> list[Any] | None:
+    """A decoded tuple's serialized `Value`s as the Python values they stand for."""
+    return None if values is None else [python_of(Value.FromString(v)) for v in values]
+
+
 def confirmed_flush(sql: psycopg.Connection[Any], slot: str) -> int:
     row = sql.execute(
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot]
     ).fetchone()
     assert row is not None, f"slot {slot} is missing"
     return str_to_lsn(row[0])
+
+
+def slot_released(sql: psycopg.Connection[Any], slot: str) -> bool:
+    """The server ends a closed session's walsender a moment after the client leaves."""
+    row = sql.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", [slot]).fetchone()
+    return row is not None and not row[0]
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
@@ -162,7 +173,7 @@ def test_stream_decodes_changes_and_confirms_flush(
         "integer[]", "text[]", "text", "character varying(20)", "mood", "date",
     ]  # fmt: skip
     assert [c.is_key for c in rel.columns] == [True] + [False] * 11
-    row = dict(zip([c.name for c in rel.columns], insert.new, strict=True))
+    row = dict(zip([c.name for c in rel.columns], py(insert.new), strict=True))
     assert row["id"] == 1
     assert isinstance(row["amount"], Decimal) and str(row["amount"]) == "1234567890.12"
     assert row["at"] == dt.datetime(2024, 3, 1, 4, 30, 0, 123456, tzinfo=dt.UTC)
@@ -176,19 +187,19 @@ def test_stream_decodes_changes_and_confirms_flush(
     assert row["label"] == "short" and row["feeling"] == "happy" and row["day"] == "infinity"
     second = changes[2]
     assert isinstance(second, Insert)
-    assert second.new == [2] + [None] * 11
+    assert py(second.new) == [2] + [None] * 11
 
     update = changes[5]
     assert isinstance(update, Update)
     assert update.old is None and not update.old_is_key_only  # key unchanged
-    new = dict(zip([c.name for c in rel.columns], update.new, strict=True))
+    new = dict(zip([c.name for c in rel.columns], py(update.new), strict=True))
     assert new["amount"] == Decimal("1234567890.13")
     assert new["big"] is UNCHANGED_TOAST  # not touched: the server did not send it
     assert new["label"] is None  # set to NULL: None, never the TOAST marker
 
     delete = changes[8]
     assert isinstance(delete, Delete)
-    assert delete.old_is_key_only and delete.old == [2] + [None] * 11
+    assert delete.old_is_key_only and py(delete.old) == [2] + [None] * 11
 
     truncate = changes[11]
     assert isinstance(truncate, Truncate)
@@ -196,12 +207,14 @@ def test_stream_decodes_changes_and_confirms_flush(
     assert not truncate.cascade and not truncate.restart_identity
 
     # Confirm the first two transactions; a new session resumes after them.
+    wait_for(lambda: slot_released(sql, "s1"), "the first session's walsender to end")
     with ReplicationConnection(pg_db) as repl:
         repl.start("s1", "pub")
         repl.send_status(commits[1].end_lsn, commits[1].end_lsn)
         wait_for(lambda: confirmed_flush(sql, "s1") == commits[1].end_lsn, "confirmed_flush_lsn")
         repl.send_status(commits[1].end_lsn, commits[1].end_lsn)  # a repeat is skipped, harmless
     decoder = PgOutputDecoder()
+    wait_for(lambda: slot_released(sql, "s1"), "the second session's walsender to end")
     with ReplicationConnection(pg_db) as repl:
         repl.start("s1", "pub")
         resumed = [m for m in collect(repl, decoder, commits=2) if isinstance(m, Begin | Commit)]
@@ -232,7 +245,7 @@ def test_keepalives_are_answered(
 
             sql.execute("INSERT INTO t VALUES (1)")
             messages = collect(repl, PgOutputDecoder(), commits=1)
-            assert [m.new for m in messages if isinstance(m, Insert)] == [[1]]
+            assert [py(m.new) for m in messages if isinstance(m, Insert)] == [[1]]
             assert repl.server_wal_end >= messages[-1].end_lsn  # type: ignore[union-attr]
     finally:
         pg_server.execute("ALTER SYSTEM RESET wal_sender_timeout")
@@ -265,6 +278,7 @@ def test_errors_are_classified(pg_db: str, sql: psycopg.Connection[Any]) -> None
 
     # A publication that does not exist fails at the first change: not retryable.
     sql.execute("INSERT INTO t VALUES (1)")
+    wait_for(lambda: slot_released(sql, "s1"), "the terminated walsender to end")
     with ReplicationConnection(pg_db) as repl:
         repl.start("s1", "no_such_pub")
         with pytest.raises(NonRetryableError, match='publication "no_such_pub" does not exist'):
