@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from decimal import Decimal
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from tailrace.config import PostgresSinkSpec
 from tailrace.errors import NonRetryableError, RetryableError
-from tailrace.events import ChangeEvent, Column, Op, value_of
+from tailrace.events import UNCHANGED_TOAST, ChangeEvent, Column, Op, value_of
 from tailrace_services.delivery.sinks.base import BatchCommit
 from tailrace_services.delivery.sinks.postgres import PostgresSink
 from tests.fix_sinks import PG_PASSWORD, batches_of, final_state, sink_spec, source_events
@@ -149,6 +150,38 @@ def test_truncate_and_added_columns(pg_db: str) -> None:
     with psycopg.connect(pg_db) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM items").fetchone() != (0,)
+
+
+def test_a_changed_key_keeps_the_values_the_source_did_not_send(pg_db: str) -> None:
+    """PostgreSQL sends a key change as the old key and the new row, with unchanged TOAST
+    values left out: they must come along from the old row, not turn NULL."""
+    events = source_events(2, tables=("orders",), keys=1_000_000)
+    first, second = (e for e in events if e.op == Op.OP_INSERT)
+    big = "x" * 10_000
+    for event in (first, second):
+        event.after.columns[2].value.CopyFrom(value_of(big))
+
+    def moved(event: ChangeEvent, new_id: int, note: Any) -> ChangeEvent:
+        out = ChangeEvent()
+        out.CopyFrom(event)
+        out.op = Op.OP_UPDATE
+        out.before.columns.add().CopyFrom(event.after.columns[0])  # the old key only
+        out.after.columns[0].value.CopyFrom(value_of(new_id))
+        out.after.columns[1].value.CopyFrom(value_of(Decimal("9.99")))
+        out.after.columns[2].value.CopyFrom(value_of(note))
+        out.position.tx_seq += 0x10000
+        out.position.postgres.commit_lsn += 0x10000
+        return out
+
+    toast = moved(first, 1_000_001, UNCHANGED_TOAST)  # note unchanged: not sent
+    whole = moved(second, 1_000_002, "sent")  # every value sent
+    sink = make_sink(pg_db)
+    sink.write([first, second], commit([first, second]))
+    sink.write([toast, whole], commit([toast, whole]))
+    with psycopg.connect(pg_db) as conn:
+        rows = conn.execute("SELECT id, amount::text, note FROM orders ORDER BY id").fetchall()
+    assert rows == [(1_000_001, "9.99", big), (1_000_002, "9.99", "sent")]
+    sink.close()
 
 
 def test_outage_is_retryable_and_recovers_exactly_once(pg_server: Any, pg_db: str,

@@ -38,8 +38,9 @@ def test_statements_keep_order_move_rows_on_key_change_and_skip_unchanged_toast(
     out = list(_statements([insert, update, truncate], "{table}"))
     assert [(k, cols) for k, _, cols, _ in out] == [
         ("upsert", ("id", "amount", "note", "changed_at", "version")),
-        ("delete", ("id",)),                                 # the old key goes
+        ("move", ("id",)),  # the old row takes the new key: its unsent note goes with it
         ("upsert", ("id", "amount", "changed_at", "version")),  # note stays as it is
         ("truncate", ()),
     ]
-    assert out[1][3].params == [99]
+    new_id = out[2][3].params[0]
+    assert out[1][3].params == [new_id, 99]  # SET id = new WHERE id = old

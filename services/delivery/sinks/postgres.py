@@ -5,7 +5,9 @@ Each write is one database transaction (`exactly_once.ExactlyOnceSink` owns the 
    stored position; drop the events at or before it (a replayed batch);
 2. apply the rest in order, consecutive rows of one table and shape in one
    `executemany`: inserts/updates/snapshot reads as `INSERT … ON CONFLICT (pk) DO
-   UPDATE`, deletes by primary key, truncates as `TRUNCATE`; a missing table is
+   UPDATE`, deletes by primary key, truncates as `TRUNCATE`; a changed key deletes the
+   old row, or moves it (`UPDATE … SET pk`) when the source left values unsent
+   (unchanged TOAST) that only the old row holds; a missing table is
    created; columns the table lacks are added with `follow_ddl: true`, else the
    write fails and says so;
 3. store the batch's position in the checkpoint row and commit.
@@ -201,8 +203,8 @@ class PostgresSink(ExactlyOnceSink):
                     continue
                 known = self._tables.columns(conn, table, name)
                 if not known:
-                    if kind == "delete":
-                        continue  # nothing to delete in a table that does not exist
+                    if kind in ("delete", "move"):
+                        continue  # no row to delete or move in a table that does not exist
                     event = first.event
                     self._tables.create(conn, table, name, list(event.after.columns),
                                         list(event.key_columns), source_kind(event))
@@ -316,12 +318,18 @@ def _statements(events: Sequence[ChangeEvent], template: str
         elif event.op in (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_SNAPSHOT_READ):
             old = {c.name: c.value for c in event.before.columns if c.name in keys}
             new_key = [c for c in event.after.columns if c.name in keys]
-            if old and any(old.get(c.name) != c.value for c in new_key):
-                old_cols = [c for c in event.before.columns if c.name in keys]
-                yield ("delete", name, tuple(c.name for c in old_cols),
-                       _Row(event, old_cols, keys))  # the key changed: move the row
             cols = [c for c in event.after.columns
                     if c.value.WhichOneof("kind") != "unchanged_toast"]
+            if old and any(old.get(c.name) != c.value for c in new_key):  # the key changed
+                old_cols = [c for c in event.before.columns if c.name in keys]
+                if len(cols) < len(event.after.columns):
+                    # Values the source did not send live only in the old row: move it
+                    # to the new key, then the upsert sets what was sent.
+                    yield ("move", name, tuple(c.name for c in new_key),
+                           _Row(event, new_key + old_cols, keys))
+                else:
+                    yield ("delete", name, tuple(c.name for c in old_cols),
+                           _Row(event, old_cols, keys))
             yield "upsert", name, tuple(c.name for c in cols), _Row(event, cols, keys)
         # DDL events: the source's dialect is not replayed; added columns are followed
         # from the rows (follow_ddl)
@@ -329,9 +337,13 @@ def _statements(events: Sequence[ChangeEvent], template: str
 
 def _sql(kind: str, table: sql.Composable, cols: tuple[str, ...], keys: tuple[str, ...]
          ) -> sql.Composed:
-    if kind == "delete":
+    if kind in ("delete", "move"):
         where = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols)
-        return sql.SQL("DELETE FROM {} WHERE {}").format(table, where)
+        if kind == "delete":
+            return sql.SQL("DELETE FROM {} WHERE {}").format(table, where)
+        # parameters: the new key, then the old one
+        to = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols)
+        return sql.SQL("UPDATE {} SET {} WHERE {}").format(table, to, where)
     names = sql.SQL(", ").join(map(sql.Identifier, cols))
     values = sql.SQL(", ").join(sql.Placeholder() * len(cols))
     insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(table, names, values)
