@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from decimal import Decimal
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 import psycopg

@@ -15,7 +15,7 @@ import redis
 from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import ChangeEvent
 from tailrace_services.delivery.sinks.base import BatchCommit
-from tailrace_services.delivery.sinks.redis import RedisSink
+from tailrace_services.delivery.sinks.redis import RedisSink, _Transaction
 from tests.fix_sinks import NATS_PASSWORD, REDIS_PASSWORD, batches_of, sink_spec, source_events
 
 pytestmark = pytest.mark.integration
@@ -146,6 +146,29 @@ def test_a_key_that_is_not_a_stream_fails_the_batch_before_anything_is_applied(
     client.delete(f"{prefix}.orders")
     sink.write(batch, commit(batch))
     assert len(entries(redis_server.url, prefix)) == len(batch)
+    sink.close()
+
+
+def test_a_command_failing_inside_exec_puts_the_checkpoint_back(
+        redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should an XADD still fail inside EXEC (here: the type check skipped), Redis has run
+    the SET of the checkpoint: it is put back, so nothing of the batch is lost."""
+    sink, prefix = make_sink(redis_server.url)
+    first = source_events(100, tables=("items",))
+    second = source_events(100, first_tx=1000)  # items and orders, later positions
+    sink.write(first, commit(first))
+    key = f"tailrace:checkpoint:{_PIPELINE['name']}:r1:0"
+    client = redis.Redis.from_url(redis_server.url)
+    before = client.get(key)
+    monkeypatch.setattr(_Transaction, "_check_streams", lambda *args: None)
+    client.set(f"{prefix}.orders", "not a stream")
+    with pytest.raises(NonRetryableError, match="WRONGTYPE"):
+        sink.write(second, commit(second))
+    assert client.get(key) == before
+    client.delete(f"{prefix}.orders")
+    sink.write(second, commit(second))  # the retry after the fix
+    written = [e[b"id"].decode() for e in entries(redis_server.url, prefix)]
+    assert {e.id for e in first + second} <= set(written)  # none lost
     sink.close()
 
 

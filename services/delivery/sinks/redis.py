@@ -12,7 +12,10 @@ Each write (`exactly_once.ExactlyOnceSink` owns the steps), on one connection:
    `event` = the envelope), `SET` the checkpoint to the batch's position, `EXEC`: sent at
    once and answered in one read, packed by hiredis.
 Redis applies the transaction as a unit, so the stream and the checkpoint never
-disagree: a crash, a lost reply or a retry can not duplicate an entry. If the key
+disagree: a crash, a lost reply or a retry can not duplicate an entry. (Should a
+command still fail inside EXEC, the checkpoint is put back by a compare-and-set
+script and the batch retried: its written entries repeat, none is lost; if it cannot
+be put back, the sink stops with a `FatalError`.) If the key
 moved meanwhile (a second writer), EXEC is refused and the write is retried from step 1.
 Without a `BatchCommit` the events are appended as they come (at-least-once).
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,7 +33,7 @@ from redis.retry import Retry
 
 from tailrace.config import RedisSinkSpec
 from tailrace.envelopes import Encoder
-from tailrace.errors import NonRetryableError, RetryableError, TailraceError
+from tailrace.errors import FatalError, NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Position, key_bytes
 from tailrace.events._codec import op_name
 from tailrace.logs import get_logger, redact
@@ -82,7 +85,8 @@ class _Transaction(AtomicWrite):
         pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves Pipeline.watch unannotated
         # Watching puts the pipeline in immediate mode: GET answers the value (redis-py's
         # ResponseT also allows the asyncio client's awaitable).
-        self.stored = parse_position(cast(bytes | None, pipe.get(key)))
+        self._raw = cast(bytes | None, pipe.get(key))
+        self.stored = parse_position(self._raw)
 
     def write(self, events: Sequence[ChangeEvent], indexes: list[int],
               commit: BatchCommit) -> None:
@@ -110,7 +114,31 @@ class _Transaction(AtomicWrite):
             raise redis.WatchError("the checkpoint key changed while the batch was written")
         failed = [reply for reply in cast(list[Any], applied) if isinstance(reply, Exception)]
         if failed:
-            raise failed[0]
+            self._put_back(conn, commit, failed)
+
+    def _put_back(self, conn: Any, commit: BatchCommit, failed: list[Exception]) -> NoReturn:
+        """A command failed inside EXEC and Redis ran the rest: the checkpoint moved past
+        an entry never written. Put it back, unless another writer moved it since, so
+        the retry writes the batch again: the entries that were written are then
+        repeated (at-least-once for this batch), but none is lost."""
+        new = commit.position.SerializeToString()
+        conn.send_packed_command(_packed(conn, [(
+            b"EVAL", _PUT_BACK, b"1", self._key, new, self._raw or b"")]))
+        try:
+            restored = conn.read_response()
+        except Exception as e:  # noqa: BLE001 - said below, with what it means
+            restored = e
+        count = len(failed)
+        if restored != 1:
+            raise FatalError(
+                f"redis sink {self._sink.id}: {count} command(s) failed inside EXEC (first: "
+                f"{failed[0]}) and the checkpoint {self._key!r} could not be put back "
+                f"({restored!r}): it is past events never written. Rewind the sink "
+                f"(tailrace rewind) to write them again")
+        log.error("redis transaction partly applied; checkpoint put back, the batch's "
+                  "written entries will be repeated by the retry", sink=self._sink.id,
+                  failed=count, first=str(failed[0]))
+        raise failed[0]
 
 
     def _check_streams(self, conn: Any, streams: list[str]) -> None:
@@ -129,6 +157,15 @@ class _Transaction(AtomicWrite):
                     f"redis sink {self._sink.id}: key {stream!r} holds a {kind}, not a stream; "
                     "rename or delete that key, or route the events elsewhere with "
                     "spec.sinks[].stream")
+
+
+# Puts the checkpoint (KEYS[1]) back to ARGV[2] (deleted if empty) only if it still
+# holds ARGV[1], the position this write stored.
+_PUT_BACK = b"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1
+"""
 
 
 def _packed(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
