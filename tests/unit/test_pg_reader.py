@@ -31,6 +31,7 @@ from tailrace_services.capture_postgres.reader import (
     format_type,
 )
 from tailrace_services.capture_postgres.values import converter_for, parse_array
+from tests.pgoutput import tuple_data
 
 # -- builders for protocol bytes -----------------------------------------------------
 
@@ -54,20 +55,6 @@ def relation_msg(
     out += struct.pack(">H", len(columns))
     for col_name, type_oid, typmod, key in columns:
         out += bytes([1 if key else 0]) + cstr(col_name) + struct.pack(">Ii", type_oid, typmod)
-    return out
-
-
-def tuple_data(*values: str | bytes | None) -> bytes:
-    """A TupleData: str = text value, None = NULL ('n'), b'u' = unchanged TOAST."""
-    out = struct.pack(">H", len(values))
-    for value in values:
-        if value is None:
-            out += b"n"
-        elif value == b"u":
-            out += b"u"
-        else:
-            raw = value.encode() if isinstance(value, str) else value
-            out += b"t" + struct.pack(">I", len(raw)) + raw
     return out
 
 

@@ -33,6 +33,7 @@ from tailrace_services.capture_postgres.reader import (
     _py_tuple,
 )
 from tailrace_services.capture_postgres.values import converter_for, encoder_for, kind_for
+from tests.pgoutput import tuple_data
 
 INTS = [0, 1, -1, 63, 64, -64, -65, 127, 128, 300, -300, 2**31, -(2**31), 2**62, 2**63 - 1,
         -(2**63), 2**63, 2**64 - 1]
@@ -218,19 +219,6 @@ def test_c_postgres_chunk_rows() -> None:
         assert cwire.chunk_rows(*args) == chunks._py_chunk_rows(*args)
 
 
-def _tuple_data(*values: str | bytes | None) -> bytes:
-    out = len(values).to_bytes(2, "big")
-    for value in values:
-        if value is None:
-            out += b"n"
-        elif value == b"u":
-            out += b"u"
-        else:
-            data = value.encode() if isinstance(value, str) else value
-            out += b"t" + len(data).to_bytes(4, "big") + data
-    return out
-
-
 def test_c_pgoutput_tuples() -> None:
     """`_cwire.pg_tuple` against its twin: every kind, NULL, unchanged TOAST, a long text,
     a value only the Python encoder knows; and a bad value, a cut tuple, a binary one."""
@@ -243,13 +231,13 @@ def test_c_pgoutput_tuples() -> None:
             ("9223372036854775807", "é" * 300, None, "0.0000001", "f", str(uuid.UUID(int=2)),
              "[1]", "00:01:00", None, "{}")]
     for row in rows:
-        payload = b"I\x00\x00\x00\x01N" + _tuple_data(*row) + b"trailing"
+        payload = b"I\x00\x00\x00\x01N" + tuple_data(*row) + b"trailing"
         expected = _py_tuple(payload, 6, relation)
         assert cwire.pg_tuple(payload, 6, relation.kinds, relation.encoders,
                               UNCHANGED_VALUE) == expected
         assert expected[1] == len(payload) - len(b"trailing")
-    bad = [_tuple_data("x", *rows[0][1:]), _tuple_data(*rows[0])[:-3],
-           _tuple_data(*rows[0][:-1]), b"\x00\x01b"]
+    bad = [tuple_data("x", *rows[0][1:]), tuple_data(*rows[0])[:-3],
+           tuple_data(*rows[0][:-1]), b"\x00\x01b"]
     for payload in bad:
         with pytest.raises(ValueError):
             cwire.pg_tuple(payload, 0, relation.kinds, relation.encoders, UNCHANGED_VALUE)
