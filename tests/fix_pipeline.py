@@ -170,10 +170,11 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
     def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}",
              sink: str | None = None, extra: str = "", batch: str = "{max_ms: 200}",
              partitions: int = 1, control: str = "", control_args: tuple[str, ...] = (),
-             source: str = "") -> RunningPipeline:
+             source: str = "", brokers: str = "") -> RunningPipeline:
         """`sink`: a YAML flow mapping replacing the default Redis sink; `control`: more
         fields of spec.control (`tls: {...}`), `control_args`: more arguments for control;
-        `source`: more fields of spec.source, one YAML line each (`snapshot: {...}`)."""
+        `source`: more fields of spec.source, one YAML line each (`snapshot: {...}`);
+        `brokers`: another bus than the session's broker (one the test restarts)."""
         name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         control_port = free_port()
         spec_path = tmp_path / f"{name}.yaml"
@@ -183,7 +184,7 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
             name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
             sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
                               f'stream: "{stream}"}}',
-            brokers=kafka_broker.bootstrap, control_port=control_port, batch=batch,
+            brokers=brokers or kafka_broker.bootstrap, control_port=control_port, batch=batch,
             partitions=partitions, token_file=service_token,
             control_extra=f", {control}" if control else "",
             source_extra="".join(f"\n    {line}" for line in source.splitlines())) + extra)

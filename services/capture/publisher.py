@@ -19,14 +19,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+import grpc
 from confluent_kafka import KafkaError, Message, Producer
 
 from tailrace.bus import partition_for, producer_config
-from tailrace.control_client import ControlClient
+from tailrace.control_client import ControlClient, ControlRefused
 from tailrace.errors import FatalError, RetryableError
 from tailrace.events import bus_key, encode_epoch, encode_event
+from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
+from tailrace_services.capture.resume import bus_lost_epoch
+
+log = get_logger(__name__)
 
 # The producer's local queue is what a slow bus fills first: bounded so that a large source
 # transaction or a bus outage cannot grow the capture process by hundreds of MB.
@@ -77,6 +82,54 @@ class BusPublisher:
         self.events_published = 0
         self.bytes_published = 0  # of the change events' bus records
         self.transactions_published = 0
+        self._bus = (brokers, client_config)
+        self.generation = latest.bus_generation if latest else 0
+        self.generation_start = dict(latest.generation_start) if latest else {}
+        if bus_lost_epoch(brokers, topic, partitions, source_id, latest,
+                          client_config=client_config):
+            assert latest is not None
+            self._open_generation(latest)
+
+    def _open_generation(self, latest: control_pb2.Epoch) -> None:
+        """The bus lost what this source published: publish from here on as the next bus
+        generation (`tailrace.bus_generation`). It starts after a marker of epoch 0 on every
+        partition, at the offsets the broker acknowledged for them (what the session that
+        was running when the bus lost its data left on the new topic comes before it, and
+        is not read). The caller resumes from the sinks' checkpoint, so everything they
+        have not acknowledged is published again."""
+        acked: dict[int, int] = {}
+
+        def on_marker(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._on_delivery(err, msg)
+            else:
+                acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
+
+        now_us = int(time.time() * 1_000_000)
+        for partition in range(self._partitions):
+            marker = EpochMarker(epoch_id=0, source_id=self._source_id, partition=partition,
+                                 ts_micros=now_us)
+            self._produce(None, encode_epoch(marker), partition, on_marker)
+        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
+        while len(acked) < self._partitions:
+            self._producer.poll(0.1)  # not `_wait`: the source's stream is not started yet
+            self._check()
+            if time.monotonic() > deadline:
+                raise RetryableError("bus did not acknowledge the start of a new bus generation "
+                                     f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+        self.generation, self.generation_start = latest.bus_generation + 1, acked
+        lost = ", ".join(f"partition {p} up to offset {o:,}"
+                         for p, o in sorted(latest.end_offsets.items()))
+        log.error("the bus lost what this source published: republishing from the sinks' "
+                  "checkpoint onto a new bus generation", topic=self._topic,
+                  generation=self.generation, start=acked, latest_epoch=latest.epoch_id,
+                  lost=lost)
+        self._control.add_reconcile_record(
+            self._source_id, None, None,
+            [f"bus topic {self._topic} no longer holds epoch {latest.epoch_id} ({lost})",
+             f"bus generation {self.generation} starts at "
+             + ", ".join(f"partition {p} offset {o:,}" for p, o in sorted(acked.items()))],
+            "republish")
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None and self._error is None:
@@ -171,7 +224,9 @@ class BusPublisher:
         flight = _EpochInFlight(
             control_pb2.Epoch(source_id=self._source_id, epoch_id=self._epoch_id,
                               position=self._last_position, ts_unix_ms=now_us // 1000,
-                              source_ts_unix_ms=self._last_source_ms),
+                              source_ts_unix_ms=self._last_source_ms,
+                              bus_generation=self.generation,
+                              generation_start=self.generation_start),
             deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S)
 
         def on_marker(err: KafkaError | None, msg: Message) -> None:
@@ -201,7 +256,17 @@ class BusPublisher:
                 return
             for partition, offset in flight.acked.items():
                 flight.epoch.end_offsets[partition] = offset
-            self._control.record_epoch(flight.epoch)
+            try:
+                self._control.record_epoch(flight.epoch)
+            except ControlRefused as e:
+                brokers, config = self._bus
+                if e.code == grpc.StatusCode.FAILED_PRECONDITION and bus_lost_epoch(
+                        brokers, self._topic, self._partitions, self._source_id,
+                        self._control.latest_epoch(self._source_id), client_config=config):
+                    raise RetryableError(
+                        f"the bus lost what this source published ({e.details}); starting "
+                        "again to republish from the sinks' checkpoint") from None
+                raise
             self._in_flight.popleft()
 
     def drain(self, keep: int = 0) -> None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from tailrace.bus import BusReader, BusReadError
+from tailrace.bus import BusMessage, BusReader, BusReadError
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
 from tailrace.errors import RetryableError
@@ -61,11 +61,12 @@ from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import Position
 
-__all__ = ["ResumePoint", "ResumeRule", "highest_on_bus", "published_tail"]
+__all__ = ["ResumePoint", "ResumeRule", "bus_lost_epoch", "highest_on_bus", "published_tail"]
 
 log = get_logger(__name__)
 
 TAIL_TIMEOUT_S = 20.0
+AT_TIMEOUT_S = 5.0  # a marker read at its offset, before the partition is read from its start
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,24 @@ def published_tail(brokers: str, topic: str, partitions: int, source_id: str,
         return tail if tail is not None else best
 
 
+def bus_lost_epoch(brokers: str, topic: str, partitions: int, source_id: str,
+                   epoch: Epoch | None, timeout_s: float = TAIL_TIMEOUT_S,
+                   client_config: Mapping[str, str] | None = None) -> bool:
+    """Whether the bus lost the latest epoch's marker (a broker restarted empty, the topic
+    made again): then what this source published is gone from it, and a new bus
+    generation begins (`tailrace.bus_generation`). RetryableError when the bus does not
+    answer in time: a generation must not be opened on a guess."""
+    if epoch is None:
+        return False
+    with BusReader(brokers, topic, client_id=f"tailrace-capture-generation-{source_id}",
+                   client_config=client_config, committed_only=False) as reader:
+        present = _marker_present(reader, partitions, epoch, timeout_s)
+    if present is None:
+        raise RetryableError(f"bus {topic}: cannot tell whether the latest epoch's marker "
+                             "is there; not publishing until it answers")
+    return not present
+
+
 def _marker_present(reader: BusReader, partitions: int, epoch: Epoch, timeout_s: float
                     ) -> bool | None:
     """True / False, or None when the bus did not answer in time."""
@@ -166,16 +185,33 @@ def _marker_present(reader: BusReader, partitions: int, epoch: Epoch, timeout_s:
         if not end:
             return False
         try:
-            message = reader.read_at(partition, end - 1, timeout_s)
-        except (TimeoutError, BusReadError):
+            try:
+                message = reader.read_at(partition, end - 1, min(timeout_s, AT_TIMEOUT_S))
+            except TimeoutError:
+                # a broker may not answer a read past a partition's end (Tansu): look for the
+                # offset from the partition's start instead
+                message = _scan_to(reader, partition, end - 1, timeout_s)
+        except (TimeoutError, BusReadError) as e:
+            log.warning("cannot read the latest epoch's marker", epoch=epoch.epoch_id,
+                        partition=partition, error=str(e))
             return None
-        if message is None:
+        if message is None or message.offset != end - 1:
             return False  # nothing at that offset: the bus lost it
         record = message.record()
         if (record.WhichOneof("record") != "epoch" or record.epoch.epoch_id != epoch.epoch_id
                 or record.epoch.source_id != epoch.source_id):
             return False
     return True
+
+
+def _scan_to(reader: BusReader, partition: int, offset: int, timeout_s: float
+             ) -> BusMessage | None:
+    """The record at `offset`, read from the partition's first record on; None when the
+    partition ends before it."""
+    for message in reader.read_to_end(partition, 0, timeout_s):
+        if message.offset >= offset:
+            return message
+    return None
 
 
 def _last_complete(reader: BusReader, start: int, source_id: str, timeout_s: float
@@ -188,7 +224,8 @@ def _last_complete(reader: BusReader, start: int, source_id: str, timeout_s: flo
             if kind == "event" and record.event.source_id == source_id and record.event.tx_end:
                 last = Position()
                 last.CopyFrom(record.event.position)
-            elif kind == "epoch" and record.epoch.source_id == source_id:
+            elif kind == "epoch" and record.epoch.source_id == source_id and \
+                    record.epoch.epoch_id:  # 0: a bus generation's start, names nothing
                 last = Position()
                 last.CopyFrom(record.epoch.position)
     except BusReadError as e:

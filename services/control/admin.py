@@ -121,6 +121,7 @@ class AdminServicer(rpc.AdminServicer):
                     f", asked for tx {request.to_sequence}")
             epoch = self._epoch_at(info.source_id, request.to_sequence)
             new.position.CopyFrom(epoch.position)
+            new.bus_generation = epoch.bus_generation
             for p, o in epoch.end_offsets.items():
                 new.bus_offsets[p] = o
         try:
@@ -140,4 +141,12 @@ class AdminServicer(rpc.AdminServicer):
             raise FailedPrecondition(
                 f"no epoch at or before tx {tx_seq} is retained (oldest retained: {oldest}); "
                 "use --reset to replay from the earliest available position")
-        return found[-1]
+        epoch, now = found[-1], history[-1].bus_generation
+        if epoch.bus_generation < now:
+            first = next(e for e in history if e.bus_generation == now)
+            raise FailedPrecondition(
+                f"tx {tx_seq} was published onto a bus that lost its records (bus generation "
+                f"{epoch.bus_generation}; capture republished onto generation {now} from tx "
+                f"{first.position.tx_seq}); rewind to a later tx, or use --reset to replay "
+                "what the bus holds now")
+        return epoch

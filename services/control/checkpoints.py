@@ -114,8 +114,16 @@ class CheckpointStore:
                 f"checkpoint of sink {cp.sink_id} at {where}: source {cp.source_id} has "
                 "recorded no epoch yet, so nothing it names was published; checkpoints follow "
                 "the epochs capture records")
+        if cp.bus_generation > latest.bus_generation:
+            raise FailedPrecondition(
+                f"checkpoint of sink {cp.sink_id} at {where} is of bus generation "
+                f"{cp.bus_generation}, past the latest epoch's ({latest.bus_generation}) of "
+                f"source {cp.source_id}: it names a bus that was never published")
+        # offsets of an older generation name a bus that is gone: only the position counts
+        same_bus = cp.bus_generation == latest.bus_generation
         beyond = [f"partition {p} offset {o} > {latest.end_offsets.get(p, 0)}"
-                  for p, o in sorted(cp.bus_offsets.items()) if o > latest.end_offsets.get(p, 0)]
+                  for p, o in sorted(cp.bus_offsets.items())
+                  if same_bus and o > latest.end_offsets.get(p, 0)]
         if position_key(cp.position) > position_key(latest.position) or beyond:
             raise FailedPrecondition(
                 f"checkpoint of sink {cp.sink_id} at {where}"

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import grpc
 
+from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace_services.control.status import FailedPrecondition, require
 from tailrace_services.control.storage import Storage
+
+log = get_logger(__name__)
 
 HISTORY = 10_000
 
@@ -29,26 +32,38 @@ class EpochStore:
         self._storage = storage
 
     def record(self, epoch: pb.Epoch) -> None:
-        """Keep the latest epoch. One whose offsets are behind the stored one's is refused: the
-        planned end of the bus never moves backwards, and a capture whose bus lost what it
-        published (a topic deleted and made again, a broker that lost its data) must stop
-        rather than go on past records that delivery will never read (they were ignored
-        silently before: once the new offsets passed the old ones, delivery took up from
-        there, and the sinks' checkpoints passed the changes lost with the bus)."""
+        """Keep the latest epoch. Within one bus generation the planned end of the bus never
+        moves backwards: an epoch whose offsets are behind the stored one's is refused (a
+        bus that lost what capture published, noticed mid-session, or an older copy of
+        capture still running; ignoring it silently once let the sinks' checkpoints pass
+        the changes lost with the bus). A capture that starts again and finds the latest
+        epoch's marker gone from the bus opens the next generation, which is accepted;
+        an epoch of an older generation than the stored one is refused."""
         latest = self.latest(epoch.source_id)
+        if latest is not None and epoch.bus_generation < latest.bus_generation:
+            raise FailedPrecondition(
+                f"epoch {epoch.epoch_id} of source {epoch.source_id} is of bus generation "
+                f"{epoch.bus_generation}, but the source already publishes onto generation "
+                f"{latest.bus_generation} (capture republished after the bus lost its "
+                "records): this capture is an older copy still running; stop it")
         behind = sorted((p, o, epoch.end_offsets.get(p, 0)) for p, o in
                         (latest.end_offsets.items() if latest is not None else ())
                         if epoch.end_offsets.get(p, 0) < o)
-        if latest is not None and behind:
+        if latest is not None and behind and epoch.bus_generation == latest.bus_generation:
             where = ", ".join(f"partition {p} at offset {now:,} (epoch {latest.epoch_id} ended "
                               f"at {then:,})" for p, then, now in behind)
             raise FailedPrecondition(
                 f"epoch {epoch.epoch_id} of source {epoch.source_id} ends before the latest "
                 f"recorded one: {where}. The bus no longer holds what this source published "
                 "(its topic was deleted or made again, or the broker lost its data), or this "
-                "capture is an older copy still running; changes not yet delivered are still "
-                "in the source's log up to the sinks' checkpoints, but the pipeline cannot go "
-                "on over this bus: restore the topic, or stop the older copy")
+                "capture is an older copy still running. Changes not yet delivered are still "
+                "in the source's log up to the sinks' checkpoints: a capture that starts "
+                "again republishes them onto a new bus generation if the bus lost them")
+        if latest is not None and epoch.bus_generation > latest.bus_generation:
+            log.warning("bus generation started: capture republishes from the sinks' "
+                        "checkpoint onto a bus that lost what it held", source=epoch.source_id,
+                        generation=epoch.bus_generation, epoch=epoch.epoch_id,
+                        start=dict(epoch.generation_start))
         self._storage.kv_put(_latest_key(epoch.source_id), epoch.SerializeToString())
         seq = self._storage.log_append(_history(epoch.source_id), epoch.SerializeToString())
         if seq > HISTORY and seq % 1000 == 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tailrace.bus_generation import offsets_done
 from tailrace.events import position_key
 from tailrace.proto import control_pb2 as pb
 
@@ -44,8 +45,8 @@ def sink_lag(cp: pb.Checkpoint | None, latest: pb.Epoch | None, history: Sequenc
     the retained epochs, oldest first."""
     if latest is None:
         return SinkLag()
-    offsets = sum(max(0, end - (cp.bus_offsets.get(p, 0) if cp is not None else 0))
-                  for p, end in latest.end_offsets.items())
+    read = offsets_done(cp, latest)
+    offsets = sum(max(0, end - read.get(p, 0)) for p, end in latest.end_offsets.items())
     started = cp is not None and (cp.position.tx_seq or cp.position.HasField("postgres")
                                   or cp.position.HasField("mysql"))
     if offsets == 0 and cp is not None:

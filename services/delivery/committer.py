@@ -118,14 +118,21 @@ class BatchCommitter:
         log.warning("events sent to the dead-letter queue", count=appended)
         return appended
 
-    def new_checkpoint(self, sink_id: str, old: pb.Checkpoint | None, rows: list[Any]
-                       ) -> pb.Checkpoint:
+    def new_checkpoint(self, sink_id: str, old: pb.Checkpoint | None, rows: list[Any],
+                       generation_start: dict[int, int] | None = None) -> pb.Checkpoint:
+        """`old` moved on by the batch's `rows`; `generation_start`: where the rows' bus
+        generation begins, when it is not `old`'s (`tailrace.bus_generation`)."""
         cp = pb.Checkpoint(pipeline=self.pipeline.name, source_id=self.source_id, sink_id=sink_id)
+        generation = max((row["generation"] for row in rows),
+                         default=old.bus_generation if old is not None else 0)
+        cp.bus_generation = generation
         if old is not None:
             cp.rewind = old.rewind  # the generation an operator's rewind set carries forward
             cp.position.CopyFrom(old.position)
-            for p, o in old.bus_offsets.items():
-                cp.bus_offsets[p] = o
+        offsets = dict(old.bus_offsets) if old is not None and \
+            old.bus_generation == generation else dict(generation_start or {})
+        for p, o in offsets.items():
+            cp.bus_offsets[p] = o
         for row in rows:
             if row["end_offset"] >= 0:
                 cp.bus_offsets[row["partition"]] = max(cp.bus_offsets.get(row["partition"], 0),
@@ -140,12 +147,13 @@ class BatchCommitter:
                report: BatchReport) -> None:
         """Steps 2 and 3."""
         outcomes = []
+        start = self._generation_start(before, rows)
         for sink_id, spec in self.sinks.items():
             old = before.get(sink_id)
             outcomes.append(pb.SinkOutcome(
                 sink_id=sink_id, required=spec.required,
                 acknowledged=report.acked.get(sink_id, True),
-                checkpoint=self.new_checkpoint(sink_id, old, rows),
+                checkpoint=self.new_checkpoint(sink_id, old, rows, start),
                 expected_version=old.version if old is not None else 0,
                 error=report.errors.get(sink_id, "")))
         answer = self.control.report_batch(self.pipeline.name, self.source_id,
@@ -165,6 +173,21 @@ class BatchCommitter:
             if _moved(before.get(cp.sink_id), cp):
                 report.advanced.append(cp.sink_id)
 
+    def _generation_start(self, before: dict[str, pb.Checkpoint | None], rows: list[Any]
+                          ) -> dict[int, int]:
+        """Where the batch's bus generation begins, if a checkpoint is not of it yet (the
+        first batch on a bus capture republished onto): from the latest epoch. Should an
+        even newer generation be there already, nothing: the next query starts from that
+        one's start whatever these offsets say."""
+        generation = max((row["generation"] for row in rows), default=0)
+        if generation == 0 or all(cp is not None and cp.bus_generation == generation
+                                  for cp in before.values()):
+            return {}
+        latest = self.control.latest_epoch(self.source_id)
+        if latest is None or latest.bus_generation != generation:
+            return {}
+        return dict(latest.generation_start)
+
     def blocking_failures(self, report: BatchReport) -> dict[str, str]:
         """The non-retryable errors of sinks the commit policy waits for (`required`: the
         required sinks; `all` and `quorum`: every sink): retrying cannot satisfy it."""
@@ -178,6 +201,7 @@ class BatchCommitter:
 def _moved(old: pb.Checkpoint | None, new: pb.Checkpoint) -> bool:
     if old is None:
         return True
-    return position_key(new.position) > position_key(old.position) or any(
-        offset > old.bus_offsets.get(p, 0) for p, offset in new.bus_offsets.items())
+    return position_key(new.position) > position_key(old.position) or \
+        new.bus_generation != old.bus_generation or any(
+            offset > old.bus_offsets.get(p, 0) for p, offset in new.bus_offsets.items())
 

@@ -16,11 +16,13 @@ from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
 from tailrace_services.delivery.source import read_bus_range
 
-RESULT_SCHEMA = ("partition int, end_offset long, epoch_position binary, events long, "
+RESULT_SCHEMA = ("partition int, generation long, end_offset long, epoch_position binary, "
+                 "events long, "
                  "outcomes string, dead_letters array<struct<sink_id:string,event:binary,"
                  "reason:string>>")
 _RESULT_ARROW = pa.schema([
-    ("partition", pa.int32()), ("end_offset", pa.int64()), ("epoch_position", pa.binary()),
+    ("partition", pa.int32()), ("generation", pa.int64()), ("end_offset", pa.int64()),
+    ("epoch_position", pa.binary()),
     ("events", pa.int64()), ("outcomes", pa.string()),
     ("dead_letters", pa.list_(pa.struct([("sink_id", pa.string()), ("event", pa.binary()),
                                          ("reason", pa.string())]))),
@@ -80,13 +82,15 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
     ranges = [row for batch in batches for row in batch.to_pylist()]  # one per task
     for row in ranges:
         yield deliver_range(pipeline, positions, rewinds, row["partition"], row["start"],
-                            row["end"])
+                            row["end"], row["generation"])
 
 
 def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
-                  rewinds: dict[str, int], partition: int, start: int, end: int
-                  ) -> pa.RecordBatch:
-    """Read the bus partition's offsets [start, end) here and deliver them."""
+                  rewinds: dict[str, int], partition: int, start: int, end: int,
+                  generation: int = 0) -> pa.RecordBatch:
+    """Read the bus partition's offsets [start, end) here and deliver them; `generation`:
+    the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
+    the result for the checkpoint."""
     spec = pipeline.spec
     records: list[tuple[int, bytes]] = []
     for offsets, values in read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition,
@@ -106,6 +110,7 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
         _end_batch(pipeline)
     return pa.RecordBatch.from_pylist([{
         "partition": result.partition,
+        "generation": generation,
         "end_offset": result.end_offset,
         "epoch_position": (result.epoch_position.SerializeToString()
                            if result.epoch_position is not None else None),

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tailrace.bus_generation import offsets_done
 from tailrace.config import PipelineSpec
 from tailrace.control_access import service_client
 from tailrace.control_client import ControlClient
@@ -238,7 +239,7 @@ class DeliveryJob:
             return
         for sink in self.pipeline.spec.sinks:
             cp = self.committer.last_committed.get(sink.id)
-            done = dict(cp.bus_offsets) if cp is not None else {}
+            done = offsets_done(cp, latest)
             lag = sum(max(end - done.get(p, 0), 0) for p, end in latest.end_offsets.items())
             metrics.CHECKPOINT_LAG.labels(self.pipeline.name, sink.id).set(lag)
 

@@ -50,7 +50,7 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]]
         kind = record.WhichOneof("record")
         if kind == "event":
             events.append(record.event)
-        elif kind == "epoch":
+        elif kind == "epoch" and record.epoch.epoch_id:  # 0: a bus generation's start
             result.epoch_position = record.epoch.position
         result.end_offset = offset + 1
     result.events = len(events)

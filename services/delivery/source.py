@@ -21,23 +21,35 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+from tailrace.bus_generation import offsets_done
+from tailrace.errors import RetryableError
+
 SCHEMA = StructType([
     StructField("partition", IntegerType(), False),
     StructField("start", LongType(), False),
     StructField("end", LongType(), False),
+    StructField("generation", LongType(), False),
 ])
 RANGE_SCHEMA = pa.schema([
     pa.field("partition", pa.int32(), False),
     pa.field("start", pa.int64(), False),
     pa.field("end", pa.int64(), False),
+    pa.field("generation", pa.int64(), False),
 ])
 READ_CHUNK = 4096
+GENERATION = "generation"  # the offsets' bus generation, beside the partitions' offsets
 
 
 class BusPartition(InputPartition):
-    def __init__(self, partition: int, start: int, end: int) -> None:
+    def __init__(self, partition: int, start: int, end: int, generation: int = 0) -> None:
         super().__init__(partition)
         self.partition, self.start, self.end = partition, start, end
+        self.generation = generation
+
+
+class BusReplaced(RetryableError):
+    """The bus lost its records and capture republished onto a new generation: the query
+    starts again from the sinks' checkpoints (`initialOffset`)."""
 
 
 BUS_PREFIX = "bus."
@@ -93,7 +105,11 @@ class BusDataSource(DataSource):
 
 
 def _offsets(d: dict[str, Any]) -> dict[int, int]:
-    return {int(k): int(v) for k, v in d.items()}
+    return {int(k): int(v) for k, v in d.items() if k != GENERATION}
+
+
+def _generation(d: dict[str, Any]) -> int:
+    return int(d.get(GENERATION, 0))
 
 
 class BusStreamReader(DataSourceStreamReader):
@@ -122,31 +138,43 @@ class BusStreamReader(DataSourceStreamReader):
         return self._control
 
     def initialOffset(self) -> dict[str, int]:
-        cp = self._client().minimum_checkpoint(self.source_id, self.sink_ids)
+        """The least advanced checkpoint's offsets, on the latest epoch's bus generation
+        (`tailrace.bus_generation`)."""
+        client = self._client()
+        cp = client.minimum_checkpoint(self.source_id, self.sink_ids)
+        latest = client.latest_epoch(self.source_id)
         start = {p: 0 for p in range(self.num_partitions)}
-        if cp is not None:
-            start.update(_offsets(dict(cp.bus_offsets)))
-        return {str(p): o for p, o in start.items()}
+        start.update(offsets_done(cp, latest))
+        return {**{str(p): o for p, o in start.items()},
+                GENERATION: latest.bus_generation if latest is not None else 0}
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None
                      ) -> dict[str, int]:
         """The furthest epoch past `start` that keeps the batch within `max_events`
         (at least one epoch, however large: a transaction is never split)."""
-        begin = _offsets(start) if start else _offsets(self.initialOffset())
-        end = self._plan(begin)
+        start = start or self.initialOffset()
+        begin, generation = _offsets(start), _generation(start)
+        end = self._plan(begin, generation)
         # Never behind the start: an epoch older than a sink checkpoint plans nothing.
-        return {str(p): max(end.get(p, 0), begin.get(p, 0)) for p in range(self.num_partitions)}
+        return {**{str(p): max(end.get(p, 0), begin.get(p, 0))
+                   for p in range(self.num_partitions)}, GENERATION: generation}
 
-    def _plan(self, begin: dict[int, int]) -> dict[int, int]:
+    def _plan(self, begin: dict[int, int], generation: int) -> dict[int, int]:
         client = self._client()
         if self.max_events is None:
             latest = client.latest_epoch(self.source_id)
-            return _offsets(dict(latest.end_offsets)) if latest is not None else begin
+            if latest is None:
+                return begin
+            self._same_bus(latest, generation)
+            return _offsets(dict(latest.end_offsets))
         chosen: dict[int, int] | None = None
         after = self._cursor
         while True:
             page = client.epoch_range(self.source_id, after, 0, 1000)
             for epoch in page:
+                if epoch.bus_generation != generation:
+                    self._same_bus(epoch, generation)
+                    continue  # an older generation's: offsets on a bus that is gone
                 end = _offsets(dict(epoch.end_offsets))
                 if all(end.get(p, 0) <= o for p, o in begin.items()):
                     self._cursor = epoch.epoch_id  # at or before the start
@@ -159,17 +187,24 @@ class BusStreamReader(DataSourceStreamReader):
                 return chosen if chosen is not None else begin
             after = page[-1].epoch_id
 
+    def _same_bus(self, epoch: Any, generation: int) -> None:
+        if epoch.bus_generation > generation:
+            raise BusReplaced(
+                f"bus {self.topic} was replaced: capture republished onto bus generation "
+                f"{epoch.bus_generation} after the bus lost its records (this query read "
+                f"generation {generation}); starting again from the sinks' checkpoints")
+
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        s, e = _offsets(start), _offsets(end)
-        return [BusPartition(p, s.get(p, 0), e.get(p, 0)) for p in range(self.num_partitions)
-                if e.get(p, 0) > s.get(p, 0)]
+        s, e, generation = _offsets(start), _offsets(end), _generation(end)
+        return [BusPartition(p, s.get(p, 0), e.get(p, 0), generation)
+                for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The range only: the delivering task reads it (module docstring)."""
         assert isinstance(partition, BusPartition)
         yield pa.RecordBatch.from_pylist(
             [{"partition": partition.partition, "start": partition.start,
-              "end": partition.end}], schema=RANGE_SCHEMA)
+              "end": partition.end, "generation": partition.generation}], schema=RANGE_SCHEMA)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: sink checkpoints are committed by the job after the sinks acked."""

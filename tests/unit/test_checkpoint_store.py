@@ -78,3 +78,43 @@ def test_no_epoch_no_checkpoint_but_the_origin(tmp_path):
     with pytest.raises(FailedPrecondition, match="has recorded no epoch yet"):
         store.commit(cp(1), 0)
     assert store.commit(cp(0), 0)[0], "the origin names nothing"
+
+
+def test_bus_generations(storage, store):
+    """A capture that found the bus emptied opens the next generation: its epoch may end
+    before the latest one's offsets; an older generation's epoch and a checkpoint of a
+    generation never published are refused, and offsets of an older one are not checked."""
+    epochs = EpochStore(storage)
+    behind = pb.Epoch(source_id="src", epoch_id=101, end_offsets={0: 10})
+    behind.position.tx_seq = 101
+    with pytest.raises(FailedPrecondition, match="ends before the latest recorded one"):
+        epochs.record(behind)
+    behind.bus_generation = 1
+    behind.generation_start[0] = 3
+    epochs.record(behind)
+    assert epochs.latest("src").bus_generation == 1
+    stale = pb.Epoch(source_id="src", epoch_id=102, end_offsets={0: 2000})
+    stale.position.tx_seq = 102
+    with pytest.raises(FailedPrecondition, match="older copy still running"):
+        epochs.record(stale)
+
+    old = cp(90)
+    old.bus_offsets[0] = 900  # generation 0's offsets: past generation 1's end, no matter
+    assert store.commit(old, 0)[0]
+    future = cp(95)
+    future.bus_generation = 2
+    with pytest.raises(FailedPrecondition, match="bus generation 2"):
+        store.commit(future, 1)
+
+
+def test_offsets_done_follow_the_latest_generation():
+    from tailrace.bus_generation import offsets_done
+
+    latest = pb.Epoch(bus_generation=1, generation_start={0: 3, 1: 7}, end_offsets={0: 9})
+    same = pb.Checkpoint(bus_generation=1, bus_offsets={0: 5, 1: 7})
+    older = pb.Checkpoint(bus_generation=0, bus_offsets={0: 900, 1: 800})
+    assert offsets_done(same, latest) == {0: 5, 1: 7}
+    assert offsets_done(older, latest) == {0: 3, 1: 7}
+    assert offsets_done(None, latest) == {0: 3, 1: 7}
+    assert offsets_done(older, None) == {0: 900, 1: 800}  # no epoch: generation 0
+    assert offsets_done(None, None) == {}

@@ -186,3 +186,18 @@ def test_a_checkpoint_moved_when_its_position_or_offsets_grew():
     later.CopyFrom(old)
     later.position.tx_seq = 6
     assert _moved(old, later)
+
+
+def test_a_checkpoint_takes_the_bus_generation_of_its_batch():
+    """Offsets of the generation the batch read: the old checkpoint's are of a bus that
+    lost its records, so the generation's start is the base, then the batch's ends."""
+    spec = SPEC.format(policy="required", optional="false")
+    committer = BatchCommitter(parse_pipeline(spec), None)  # type: ignore[arg-type]
+    old = pb.Checkpoint(sink_id="a", bus_offsets={0: 500, 1: 400})
+    old.position.tx_seq = 5
+    rows = [{"partition": 0, "generation": 1, "end_offset": 30, "epoch_position": None}]
+    new = committer.new_checkpoint("a", old, rows, generation_start={0: 12, 1: 7})
+    assert (new.bus_generation, dict(new.bus_offsets)) == (1, {0: 30, 1: 7})
+    assert _moved(old, new)
+    again = committer.new_checkpoint("a", new, [{**rows[0], "end_offset": 45}])
+    assert (again.bus_generation, dict(again.bus_offsets)) == (1, {0: 45, 1: 7})

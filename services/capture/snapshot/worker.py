@@ -159,7 +159,8 @@ class SnapshotWorker:
     def stop(self) -> None:
         self._stopped.set()
         for thread in self._threads:
-            thread.join(10.0)
+            if thread.ident is not None:  # not started when the session failed before
+                thread.join(10.0)
         for source in self.sources:
             source.close()
 

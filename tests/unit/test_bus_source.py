@@ -1,0 +1,60 @@
+"""The delivery source's planning across bus generations (a fake control service)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailrace.proto import control_pb2 as pb
+from tailrace_services.delivery.source import BusReplaced, BusStreamReader
+
+
+class FakeControl:
+    def __init__(self, epochs: list[pb.Epoch], checkpoint: pb.Checkpoint | None) -> None:
+        self.epochs, self.checkpoint = epochs, checkpoint
+
+    def minimum_checkpoint(self, source_id: str, sink_ids: list[str]) -> pb.Checkpoint | None:
+        return self.checkpoint
+
+    def latest_epoch(self, source_id: str) -> pb.Epoch | None:
+        return self.epochs[-1] if self.epochs else None
+
+    def epoch_range(self, source_id: str, after: int, up_to: int, limit: int
+                    ) -> list[pb.Epoch]:
+        return [e for e in self.epochs if e.epoch_id > after][:limit]
+
+
+def epoch(epoch_id: int, end: int, generation: int = 0, start: int = 0) -> pb.Epoch:
+    e = pb.Epoch(source_id="s", epoch_id=epoch_id, end_offsets={0: end},
+                 bus_generation=generation)
+    if generation:
+        e.generation_start[0] = start
+    return e
+
+
+def reader(control: FakeControl, max_events: int = 0) -> BusStreamReader:
+    r = BusStreamReader({"brokers": "127.0.0.1:1", "topic": "t", "partitions": "1",
+                         "control": "127.0.0.1:2", "source_id": "s", "sink_ids": "a",
+                         "max_events": str(max_events)})
+    r._control = control
+    return r
+
+
+@pytest.mark.parametrize("max_events", [0, 10])
+def test_a_new_generation_starts_from_its_start_and_replaces_a_running_query(
+        max_events: int) -> None:
+    old = pb.Checkpoint(bus_offsets={0: 500})  # generation 0, on the bus that was lost
+    control = FakeControl([epoch(1, 300), epoch(2, 600)], old)
+    source = reader(control, max_events)
+    running = source.latestOffset(source.initialOffset())
+    assert running == {"0": 600, "generation": 0}
+
+    control.epochs += [epoch(3, 40, generation=1, start=12)]  # capture republished
+    with pytest.raises(BusReplaced, match="bus generation 1"):
+        source.latestOffset(running)
+    restarted = reader(control, max_events)  # the job starts a new query
+    begin = restarted.initialOffset()
+    assert begin == {"0": 12, "generation": 1}  # not the old checkpoint's 500
+    end = restarted.latestOffset(begin)
+    assert end == {"0": 40, "generation": 1}
+    (part,) = restarted.partitions(begin, end)
+    assert (part.start, part.end, part.generation) == (12, 40, 1)  # type: ignore[attr-defined]
