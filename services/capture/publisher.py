@@ -13,6 +13,7 @@ for those acks: epochs in flight are recorded, in order, as their acks arrive
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,7 +30,7 @@ from tailrace.events import bus_key, encode_epoch, encode_event
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
-from tailrace_services.capture.resume import bus_lost_epoch
+from tailrace_services.capture.resume import BusUnanswered, bus_lost_epoch
 
 log = get_logger(__name__)
 
@@ -41,6 +42,7 @@ EPOCH_ACK_TIMEOUT_S = 30.0
 # Epochs emitted but not yet acknowledged. Past this the publisher waits for the bus, so a
 # slow or cut-off bus stops the source reading within a few epochs (backpressure).
 MAX_EPOCHS_IN_FLIGHT = 3
+BUS_CHECK_S = 30.0  # while idle: how often the bus is asked for the latest epoch's marker
 
 
 @dataclass
@@ -85,6 +87,8 @@ class BusPublisher:
         self._bus = (brokers, client_config)
         self.generation = latest.bus_generation if latest else 0
         self.generation_start = dict(latest.generation_start) if latest else {}
+        self.generation_opened = False  # by this session: the bus lost what it held
+        self._bus_checked_at = time.monotonic()
         if bus_lost_epoch(brokers, topic, partitions, source_id, latest,
                           client_config=client_config):
             assert latest is not None
@@ -118,6 +122,7 @@ class BusPublisher:
                 raise RetryableError("bus did not acknowledge the start of a new bus generation "
                                      f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
         self.generation, self.generation_start = latest.bus_generation + 1, acked
+        self.generation_opened = True
         lost = ", ".join(f"partition {p} up to offset {o:,}"
                          for p, o in sorted(latest.end_offsets.items()))
         log.error("the bus lost what this source published: republishing from the sinks' "
@@ -200,12 +205,28 @@ class BusPublisher:
             self._emit_epoch()
 
     def tick(self) -> None:
-        """Call when idle: closes a pending epoch once `epoch_ms` has passed."""
+        """Call when idle: closes a pending epoch once `epoch_ms` has passed, and every
+        BUS_CHECK_S with nothing in flight checks that the bus still holds the latest
+        epoch (an idle source records no epoch that the control service could refuse)."""
         self._producer.poll(0)
         self._check()
         self._record_acked_epochs()
         if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
             self._emit_epoch()
+        elif not self._in_flight and time.monotonic() - self._bus_checked_at >= BUS_CHECK_S:
+            self._bus_checked_at = time.monotonic()
+            # a bus that does not answer now shows it when something is published
+            with contextlib.suppress(BusUnanswered):
+                self._check_bus("checked while idle")
+
+    def _check_bus(self, why: str) -> None:
+        """RetryableError when the bus lost the latest recorded epoch's marker: the next
+        session opens a new bus generation (`_open_generation`)."""
+        brokers, config = self._bus
+        if bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id,
+                          self._control.latest_epoch(self._source_id), client_config=config):
+            raise RetryableError(f"the bus lost what this source published ({why}); starting "
+                                 "again to republish from the sinks' checkpoint")
 
     def emit_epoch(self) -> None:
         """Close the epoch now and wait until it is recorded in control (what follows a
@@ -259,13 +280,8 @@ class BusPublisher:
             try:
                 self._control.record_epoch(flight.epoch)
             except ControlRefused as e:
-                brokers, config = self._bus
-                if e.code == grpc.StatusCode.FAILED_PRECONDITION and bus_lost_epoch(
-                        brokers, self._topic, self._partitions, self._source_id,
-                        self._control.latest_epoch(self._source_id), client_config=config):
-                    raise RetryableError(
-                        f"the bus lost what this source published ({e.details}); starting "
-                        "again to republish from the sinks' checkpoint") from None
+                if e.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._check_bus(e.details)
                 raise
             self._in_flight.popleft()
 

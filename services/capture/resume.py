@@ -61,7 +61,8 @@ from tailrace.logs import get_logger
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import Position
 
-__all__ = ["ResumePoint", "ResumeRule", "bus_lost_epoch", "highest_on_bus", "published_tail"]
+__all__ = ["BusUnanswered", "ResumePoint", "ResumeRule", "bus_lost_epoch", "highest_on_bus",
+           "published_tail"]
 
 log = get_logger(__name__)
 
@@ -159,6 +160,10 @@ def published_tail(brokers: str, topic: str, partitions: int, source_id: str,
         return tail if tail is not None else best
 
 
+class BusUnanswered(RetryableError):
+    """The bus did not answer whether it still holds an epoch's marker."""
+
+
 def bus_lost_epoch(brokers: str, topic: str, partitions: int, source_id: str,
                    epoch: Epoch | None, timeout_s: float = TAIL_TIMEOUT_S,
                    client_config: Mapping[str, str] | None = None) -> bool:
@@ -172,8 +177,8 @@ def bus_lost_epoch(brokers: str, topic: str, partitions: int, source_id: str,
                    client_config=client_config, committed_only=False) as reader:
         present = _marker_present(reader, partitions, epoch, timeout_s)
     if present is None:
-        raise RetryableError(f"bus {topic}: cannot tell whether the latest epoch's marker "
-                             "is there; not publishing until it answers")
+        raise BusUnanswered(f"bus {topic}: cannot tell whether the latest epoch's marker "
+                            "is there; not publishing until it answers")
     return not present
 
 

@@ -175,7 +175,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         feed.on_table = lambda table: worker.add_tables([table])
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
-                worker.start(resnapshot=accept)  # before anything of this session is published
+                worker.start(resnapshot=accept,  # before anything of this session is published
+                             bus_lost=assembler.publisher.generation_opened)
                 self.lifecycle.streaming()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),

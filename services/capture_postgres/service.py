@@ -129,7 +129,8 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
                                idle=feedback.keep_alive) as assembler:
                     # before anything of this session is published
-                    worker.start(resnapshot=accept)
+                    worker.start(resnapshot=accept,
+                                 bus_lost=assembler.publisher.generation_opened)
                     repl.start(self.slot, self.publication, 0, messages=True)
                     self.lifecycle.streaming()
                     log.info("streaming", slot=self.slot, system_id=system.system_id,

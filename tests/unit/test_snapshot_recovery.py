@@ -4,7 +4,13 @@ restart, and which keys the bus holds already."""
 from __future__ import annotations
 
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.capture.snapshot.recovery import Found, OnBus, settle, still_in_flight
+from tailrace_services.capture.snapshot.recovery import (
+    Found,
+    OnBus,
+    read_lost_again,
+    settle,
+    still_in_flight,
+)
 
 
 def _entry(*attempts: pb.SnapshotChunk, reset: bool = False) -> pb.SnapshotTable:
@@ -93,3 +99,31 @@ def test_without_a_reset_an_attempt_found_part_way_stays_until_the_table_is_done
     assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=2)) == [partial, later]
     assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=3)) == [partial]
     assert still_in_flight([partial, later], pb.SnapshotChunk(chunk=3, last=True)) == []
+
+
+def _done(chunk: int, tx_seq: int, rows: int = 100) -> pb.SnapshotChunk:
+    return pb.SnapshotChunk(chunk=chunk, cursor=f"[{chunk * rows}]", tx_seq=tx_seq, rows=rows)
+
+
+def test_chunks_the_lost_bus_held_past_the_sinks_checkpoint_are_read_again() -> None:
+    entry = pb.SnapshotTable(table="t", state=pb.SNAPSHOT_DONE, cursor="[500]", rows_done=500,
+                             chunks_done=5, recent=[_done(n, 10 * n) for n in range(1, 6)])
+    entry.inflight.add(chunk=6, tx_seq=60)
+    assert read_lost_again(entry, covered=30)  # chunks 1-3 delivered, 4 and 5 lost
+    assert (entry.cursor, entry.chunks_done, entry.rows_done) == ("[300]", 3, 300)
+    assert [c.chunk for c in entry.recent] == [1, 2, 3] and not entry.inflight
+    assert entry.state == pb.SNAPSHOT_RUNNING
+
+    whole = pb.SnapshotTable(table="t", state=pb.SNAPSHOT_DONE, cursor="[200]", rows_done=200,
+                             chunks_done=2, recent=[_done(1, 10), _done(2, 20)])
+    assert not read_lost_again(whole, covered=20)  # all delivered: nothing to read again
+    assert whole.state == pb.SNAPSHOT_DONE and whole.cursor == "[200]"
+
+    assert read_lost_again(whole, covered=5)  # nothing delivered: from the start
+    assert (whole.cursor, whole.chunks_done, whole.rows_done) == ("", 0, 0)
+
+    forgotten = pb.SnapshotTable(table="t", state=pb.SNAPSHOT_RUNNING, cursor="[900]",
+                                 rows_done=900, chunks_done=9,
+                                 recent=[_done(8, 80), _done(9, 90)])
+    assert read_lost_again(forgotten, covered=50)  # chunk 7 is no longer known
+    assert (forgotten.cursor, forgotten.chunks_done, forgotten.rows_done) == ("", 0, 0)

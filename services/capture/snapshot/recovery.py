@@ -1,5 +1,6 @@
 """After a restart: which of the chunks an earlier process handed to the bus made it
-there whole (docs/snapshots.md, "Crash recovery").
+there whole (docs/snapshots.md, "Crash recovery"), and which to read again when the bus
+lost its records (`read_lost_again`).
 
 A chunk's attempt is recorded in the control service (`SnapshotTable.inflight`) before
 its read transaction is published. After a kill -9 the bus may hold all of it, part of
@@ -30,7 +31,8 @@ from tailrace.proto import control_pb2 as pb
 from tailrace.proto.event_pb2 import EpochMarker, Op
 from tailrace_services.capture.snapshot.chunks import Key, TablePlan, key_of, table_of
 
-__all__ = ["BusScan", "Found", "OnBus", "Settled", "settle", "still_in_flight"]
+__all__ = ["BusScan", "Found", "OnBus", "Settled", "read_lost_again", "settle",
+           "still_in_flight"]
 
 SCAN_TIMEOUT_S = 60.0
 
@@ -120,6 +122,29 @@ def still_in_flight(inflight: Iterable[pb.SnapshotChunk], done: pb.SnapshotChunk
     return [c for c in inflight
             if not (c.partial_from and done.cleared_tx_seq)
             and (c.chunk > done.chunk or (c.partial_from and not done.last))]
+
+
+def read_lost_again(entry: pb.SnapshotTable, covered: int) -> bool:
+    """After the bus lost its records: send the table's reading back to the last chunk the
+    sinks' checkpoint (`covered`, a tx_seq) includes, or to its start when the chunk before
+    the first lost one is no longer in `recent`; chunks in flight are dropped (read
+    again). Whether the reading went back."""
+    del entry.inflight[:]
+    lost = [c for c in entry.recent if c.tx_seq > covered]
+    if not lost:
+        return False
+    kept = [c for c in entry.recent if c.tx_seq <= covered]
+    before = kept[-1] if kept and kept[-1].chunk == lost[0].chunk - 1 else None
+    if before is not None or lost[0].chunk == 1:
+        entry.cursor = before.cursor if before is not None else ""
+        entry.chunks_done = lost[0].chunk - 1
+        entry.rows_done = max(0, entry.rows_done - sum(c.rows for c in lost))
+    else:
+        entry.cursor, entry.chunks_done, entry.rows_done = "", 0, 0
+    del entry.recent[:]
+    entry.recent.extend(kept if before is not None else [])
+    entry.state = pb.SNAPSHOT_RUNNING
+    return True
 
 
 class BusScan:

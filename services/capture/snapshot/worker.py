@@ -21,7 +21,12 @@ from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan
 from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
 from tailrace_services.capture.snapshot.progress import ACTIVE, Progress, SnapshotProgress
-from tailrace_services.capture.snapshot.recovery import BusScan, settle, still_in_flight
+from tailrace_services.capture.snapshot.recovery import (
+    BusScan,
+    read_lost_again,
+    settle,
+    still_in_flight,
+)
 
 __all__ = ["SnapshotWorker"]
 
@@ -35,6 +40,7 @@ FAILURES_BEFORE_FAILED = 3
 # every `epoch_ms` would otherwise pause it); a restart scans the bus for them
 PENDING_CHUNKS = 4
 READ_AGAIN_BACKOFF_S = (0.05, 2.0)  # a chunk read again and again waits from, up to
+RECENT_CHUNKS = 256  # done chunks a table's record keeps (`_read_again_after_bus_lost`)
 
 
 def _no_key(table: str) -> str:
@@ -106,13 +112,17 @@ class SnapshotWorker:
         self._exclude: dict[str, tuple[int, set[Key]]] = {}
         self._scan = BusScan(pipeline)
 
-    def start(self, resnapshot: str = "") -> None:
+    def start(self, resnapshot: str = "", bus_lost: bool = False) -> None:
         """Report the tables, settle what an earlier process left in flight, then read.
         Call it before this session publishes anything: the bus after the latest epoch
         must hold only what earlier processes wrote (`_recover`). With `resnapshot` (why:
         the server was accepted as it is now) every selected table is read again, and the
-        request is marked as taken in the same change."""
+        request is marked as taken in the same change. With `bus_lost` (this session
+        publishes onto a new bus generation), chunks the sinks had not received are read
+        again (`_read_again_after_bus_lost`)."""
         self._report_selected(resnapshot)
+        if bus_lost:
+            self._read_again_after_bus_lost()
         for entry in self.progress.read().tables:
             if entry.inflight and entry.table in self.selected:
                 try:
@@ -155,6 +165,26 @@ class SnapshotWorker:
         updated = self._set(entry.table, entry.request_id,
                             lambda stored: stored.inflight.extend(settled.partial), **fields)
         return Recovered(updated or entry, settled.exclude)
+
+    def _read_again_after_bus_lost(self) -> None:
+        """A chunk's rows are not in the source's log (only its watermarks are): chunks the
+        bus lost before every sink had them are not published again by streaming. Each
+        table goes back to the last chunk the sinks' checkpoint covers (`recent`), or to
+        its start when that one is no longer known; chunks in flight are read again."""
+        sinks = [s.id for s in self.pipeline.spec.sinks]
+        checkpoint = self.control.minimum_checkpoint(self.pipeline.spec.source.id, sinks)
+        covered = checkpoint.position.tx_seq if checkpoint is not None else 0
+        rewound: list[tuple[str, int]] = []
+
+        def edit(state: pb.SnapshotState) -> None:
+            for entry in state.tables:
+                if entry.state in (*ACTIVE, pb.SNAPSHOT_DONE) and read_lost_again(entry, covered):
+                    rewound.append((entry.table, entry.chunks_done))
+
+        self.progress.change(edit)
+        for table, chunks in rewound:
+            log.warning("snapshot chunks lost with the bus are read again", table=table,
+                        from_chunk=chunks + 1, sinks_checkpoint_tx_seq=covered)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -377,6 +407,8 @@ class SnapshotWorker:
             kept = still_in_flight(entry.inflight, chunk)
             del entry.inflight[:]
             entry.inflight.extend(kept)
+            entry.recent.append(chunk)
+            del entry.recent[:-RECENT_CHUNKS]
 
         self._set(table, request_id, edit, **fields)
         if progress is not None and (progress.log_due() or chunk.last):
