@@ -65,6 +65,7 @@ class RunningPipeline:
     service_token_file: Path
     admin_token_file: Path
     control_args: tuple[str, ...] = ()
+    specs: dict[str, Path] = field(default_factory=dict)  # a service's own spec file
     sup: Supervisor = field(default_factory=Supervisor)
     procs: dict[str, Child] = field(default_factory=dict)
 
@@ -78,8 +79,10 @@ class RunningPipeline:
                                     "--service-token-file", str(self.service_token_file),
                                     "--admin-token-file", str(self.admin_token_file),
                                     *self.control_args),
-            "capture": service_argv("tailrace-capture", str(self.spec_path)),
-            "delivery": service_argv("tailrace-delivery", str(self.spec_path)),
+            "capture": service_argv("tailrace-capture",
+                                    str(self.specs.get("capture", self.spec_path))),
+            "delivery": service_argv("tailrace-delivery",
+                                     str(self.specs.get("delivery", self.spec_path))),
         }[name.rstrip("0123456789")]
         self.procs[name] = self.sup.start(name, [*argv, *extra], self.dir / f"{name}.log")
         if name == "control":
