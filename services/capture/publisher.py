@@ -30,7 +30,7 @@ from tailrace.events import bus_key, encode_epoch, encode_event
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
-from tailrace_services.capture.resume import BusUnanswered, bus_lost_epoch
+from tailrace_services.capture.resume import bus_lost_epoch
 
 log = get_logger(__name__)
 
@@ -89,8 +89,7 @@ class BusPublisher:
         self.generation_start = dict(latest.generation_start) if latest else {}
         self.generation_opened = False  # by this session: the bus lost what it held
         self._bus_checked_at = time.monotonic()
-        if bus_lost_epoch(brokers, topic, partitions, source_id, latest,
-                          client_config=client_config):
+        if self._bus_lost(latest):
             assert latest is not None
             self._open_generation(latest)
 
@@ -101,26 +100,7 @@ class BusPublisher:
         was running when the bus lost its data left on the new topic comes before it, and
         is not read). The caller resumes from the sinks' checkpoint, so everything they
         have not acknowledged is published again."""
-        acked: dict[int, int] = {}
-
-        def on_marker(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self._on_delivery(err, msg)
-            else:
-                acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
-
-        now_us = int(time.time() * 1_000_000)
-        for partition in range(self._partitions):
-            marker = EpochMarker(epoch_id=0, source_id=self._source_id, partition=partition,
-                                 ts_micros=now_us)
-            self._produce(None, encode_epoch(marker), partition, on_marker)
-        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
-        while len(acked) < self._partitions:
-            self._producer.poll(0.1)  # not `_wait`: the source's stream is not started yet
-            self._check()
-            if time.monotonic() > deadline:
-                raise RetryableError("bus did not acknowledge the start of a new bus generation "
-                                     f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+        acked = self._zero_markers()
         self.generation, self.generation_start = latest.bus_generation + 1, acked
         self.generation_opened = True
         lost = ", ".join(f"partition {p} up to offset {o:,}"
@@ -215,16 +195,50 @@ class BusPublisher:
             self._emit_epoch()
         elif not self._in_flight and time.monotonic() - self._bus_checked_at >= BUS_CHECK_S:
             self._bus_checked_at = time.monotonic()
-            # a bus that does not answer now shows it when something is published
-            with contextlib.suppress(BusUnanswered):
-                self._check_bus("checked while idle")
+            # a bus or control service that does not answer now shows it when something
+            # is published; the check reads at most AT_TIMEOUT_S when the bus is up
+            lost = False
+            with contextlib.suppress(RetryableError):
+                lost = self._bus_lost(self._control.latest_epoch(self._source_id))
+            if lost:
+                raise RetryableError("the bus lost what this source published (checked while "
+                                     "idle); starting again to republish from the sinks' "
+                                     "checkpoint")
+
+    def _zero_markers(self) -> dict[int, int]:
+        """A marker of epoch 0 (it names nothing: delivery and the resume rule skip it) on
+        every partition; the offsets after them, as the broker acknowledged them."""
+        acked: dict[int, int] = {}
+
+        def on_marker(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._on_delivery(err, msg)
+            else:
+                acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
+
+        now_us = int(time.time() * 1_000_000)
+        for partition in range(self._partitions):
+            marker = EpochMarker(epoch_id=0, source_id=self._source_id, partition=partition,
+                                 ts_micros=now_us)
+            self._produce(None, encode_epoch(marker), partition, on_marker)
+        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
+        while len(acked) < self._partitions:
+            self._producer.poll(0.1)  # not `_wait`: the source's stream may not be started
+            self._check()
+            if time.monotonic() > deadline:
+                raise RetryableError("bus did not acknowledge markers of epoch 0 within "
+                                     f"{EPOCH_ACK_TIMEOUT_S:.0f} s")
+        return acked
+
+    def _bus_lost(self, latest: control_pb2.Epoch | None) -> bool:
+        brokers, config = self._bus
+        return bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id, latest,
+                              client_config=config, probe=self._zero_markers)
 
     def _check_bus(self, why: str) -> None:
         """RetryableError when the bus lost the latest recorded epoch's marker: the next
         session opens a new bus generation (`_open_generation`)."""
-        brokers, config = self._bus
-        if bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id,
-                          self._control.latest_epoch(self._source_id), client_config=config):
+        if self._bus_lost(self._control.latest_epoch(self._source_id)):
             raise RetryableError(f"the bus lost what this source published ({why}); starting "
                                  "again to republish from the sinks' checkpoint")
 

@@ -116,6 +116,11 @@ class ResumeRule:
         if not self.skip_published:
             return ResumePoint(checkpoint, epoch, None)
         published = self.published
+        if published is not None:  # this process's, from before: unless the bus lost it since
+            bus = self.pipeline.spec.bus
+            if bus_lost_epoch(bus.brokers, self.pipeline.bus_topic, bus.partitions,
+                              self.source_id, epoch, client_config=bus.client_config):
+                published = self.published = None
         if published is None:
             bus = self.pipeline.spec.bus
             published = published_tail(bus.brokers, self.pipeline.bus_topic, bus.partitions,
@@ -166,16 +171,24 @@ class BusUnanswered(RetryableError):
 
 def bus_lost_epoch(brokers: str, topic: str, partitions: int, source_id: str,
                    epoch: Epoch | None, timeout_s: float = TAIL_TIMEOUT_S,
-                   client_config: Mapping[str, str] | None = None) -> bool:
+                   client_config: Mapping[str, str] | None = None,
+                   probe: Callable[[], object] | None = None) -> bool:
     """Whether the bus lost the latest epoch's marker (a broker restarted empty, the topic
     made again): then what this source published is gone from it, and a new bus
     generation begins (`tailrace.bus_generation`). RetryableError when the bus does not
-    answer in time: a generation must not be opened on a guess."""
+    answer in time: a generation must not be opened on a guess. `probe` writes something
+    to every partition: the test broker, after a kill -9 of a producer, kept a partition's
+    end below records it had appended until something more was written (see
+    `snapshot.recovery.BusScan._fence`), so a marker not found is looked for again after
+    it."""
     if epoch is None:
         return False
     with BusReader(brokers, topic, client_id=f"tailrace-capture-generation-{source_id}",
                    client_config=client_config, committed_only=False) as reader:
         present = _marker_present(reader, partitions, epoch, timeout_s)
+        if present is False and probe is not None:
+            probe()
+            present = _marker_present(reader, partitions, epoch, timeout_s)
     if present is None:
         raise BusUnanswered(f"bus {topic}: cannot tell whether the latest epoch's marker "
                             "is there; not publishing until it answers")

@@ -124,7 +124,8 @@ class CheckpointStore:
         beyond = [f"partition {p} offset {o} > {latest.end_offsets.get(p, 0)}"
                   for p, o in sorted(cp.bus_offsets.items())
                   if same_bus and o > latest.end_offsets.get(p, 0)]
-        if position_key(cp.position) > position_key(latest.position) or beyond:
+        highest = self._epochs.highest(cp.source_id) or latest.position
+        if position_key(cp.position) > position_key(highest) or beyond:
             raise FailedPrecondition(
                 f"checkpoint of sink {cp.sink_id} at {where}"
                 f"{' (' + ', '.join(beyond) + ')' if beyond else ''} is beyond the latest epoch "

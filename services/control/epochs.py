@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import grpc
 
+from tailrace.events import position_key
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
+from tailrace.proto.event_pb2 import Position
 from tailrace_services.control.status import FailedPrecondition, require
 from tailrace_services.control.storage import Storage
 
@@ -21,6 +23,10 @@ HISTORY = 10_000
 
 def _latest_key(source_id: str) -> str:
     return f"{source_id}::epoch::latest"
+
+
+def _highest_key(source_id: str) -> str:
+    return f"{source_id}::epoch::highest"
 
 
 def _history(source_id: str) -> str:
@@ -64,10 +70,23 @@ class EpochStore:
                         "checkpoint onto a bus that lost what it held", source=epoch.source_id,
                         generation=epoch.bus_generation, epoch=epoch.epoch_id,
                         start=dict(epoch.generation_start))
+        highest = self.highest(epoch.source_id)
+        if highest is None or position_key(epoch.position) > position_key(highest):
+            self._storage.kv_put(_highest_key(epoch.source_id), epoch.position.SerializeToString())
         self._storage.kv_put(_latest_key(epoch.source_id), epoch.SerializeToString())
         seq = self._storage.log_append(_history(epoch.source_id), epoch.SerializeToString())
         if seq > HISTORY and seq % 1000 == 0:
             self._storage.log_truncate(_history(epoch.source_id), seq - HISTORY)
+
+    def highest(self, source_id: str) -> Position | None:
+        """The furthest position any recorded epoch reached: after the bus lost its records
+        the latest epoch's is lower until capture republished past it, and a sink's
+        checkpoint may be anywhere below it."""
+        found = self._storage.kv_get(_highest_key(source_id))
+        if found:
+            return Position.FromString(found[0])
+        latest = self.latest(source_id)
+        return latest.position if latest is not None else None
 
     def latest(self, source_id: str) -> pb.Epoch | None:
         found = self._storage.kv_get(_latest_key(source_id))

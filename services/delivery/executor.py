@@ -82,15 +82,17 @@ def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
     ranges = [row for batch in batches for row in batch.to_pylist()]  # one per task
     for row in ranges:
         yield deliver_range(pipeline, positions, rewinds, row["partition"], row["start"],
-                            row["end"], row["generation"])
+                            row["end"], row["generation"], row["epoch"])
 
 
 def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
                   rewinds: dict[str, int], partition: int, start: int, end: int,
-                  generation: int = 0) -> pa.RecordBatch:
+                  generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
     """Read the bus partition's offsets [start, end) here and deliver them; `generation`:
     the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
-    the result for the checkpoint."""
+    the result for the checkpoint; `epoch_id`: the epoch whose marker the range ends with
+    (checked before anything is written: a bus that lost its records holds other ones
+    at those offsets)."""
     spec = pipeline.spec
     records: list[tuple[int, bytes]] = []
     for offsets, values in read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition,
@@ -100,7 +102,8 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
         result = deliver_slice(partition, records, _sinks(pipeline), positions,
                                pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
                                processors=_chain(pipeline),
-                               journal=spec.journal.enabled, rewinds=rewinds)
+                               journal=spec.journal.enabled, rewinds=rewinds,
+                               ends_with_epoch=epoch_id)
     except Exception:
         close_sinks(pipeline.name)  # reconnect on the retry
         raise

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tailrace.config import BatchSpec
-from tailrace.errors import NonRetryableError
+from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.events import decode_record, position_key
 from tailrace.proto.event_pb2 import ChangeEvent, Position
 from tailrace_services.delivery.batching import split_batches
@@ -41,18 +41,33 @@ class SliceResult:
         return {o.sink_id: o.skipped for o in self.outcomes}
 
 
-def decode_slice(partition: int, records: Iterable[tuple[int, bytes]]
+class BusChanged(RetryableError):
+    """The range does not end with the epoch it was planned on: the bus lost its records
+    (capture republishes onto a new bus generation) and holds others at those offsets."""
+
+
+def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with_epoch: int = 0
                  ) -> tuple[list[ChangeEvent], SliceResult]:
+    """`ends_with_epoch`: the epoch whose marker must be the slice's last record (0: not
+    checked)."""
     result = SliceResult(partition=partition)
     events: list[ChangeEvent] = []
+    last_epoch = 0
     for offset, value in records:
         record = decode_record(value)
         kind = record.WhichOneof("record")
+        last_epoch = 0
         if kind == "event":
             events.append(record.event)
         elif kind == "epoch" and record.epoch.epoch_id:  # 0: a bus generation's start
             result.epoch_position = record.epoch.position
+            last_epoch = record.epoch.epoch_id
         result.end_offset = offset + 1
+    if ends_with_epoch and result.end_offset >= 0 and last_epoch != ends_with_epoch:
+        raise BusChanged(f"bus partition {partition}: offset {result.end_offset - 1} is not "
+                         f"the marker of epoch {ends_with_epoch} it was planned on; the bus "
+                         "lost its records (nothing written: delivery starts again once "
+                         "capture republished them)")
     result.events = len(events)
     return events, result
 
@@ -61,10 +76,11 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                   checkpoints: dict[str, Position | None], *, pipeline: str = "",
                   source_id: str = "", batch: BatchSpec | None = None,
                   processors: ProcessorChain | None = None, journal: bool = False,
-                  rewinds: dict[str, int] | None = None) -> SliceResult:
+                  rewinds: dict[str, int] | None = None, ends_with_epoch: int = 0
+                  ) -> SliceResult:
     """Process and fan the slice out; sink failures are reported in `outcomes`, not raised.
     `rewinds`: each sink's checkpoint rewind generation (see `BatchCommit.rewind`)."""
-    events, result = decode_slice(partition, records)
+    events, result = decode_slice(partition, records, ends_with_epoch)
     if processors:
         floor = min((position_key(p) for p in checkpoints.values() if p is not None),
                     default=(-1, -1)) if all(checkpoints.get(s.id) for s in sinks) else (-1, -1)

@@ -29,22 +29,26 @@ SCHEMA = StructType([
     StructField("start", LongType(), False),
     StructField("end", LongType(), False),
     StructField("generation", LongType(), False),
+    StructField("epoch", LongType(), False),
 ])
 RANGE_SCHEMA = pa.schema([
     pa.field("partition", pa.int32(), False),
     pa.field("start", pa.int64(), False),
     pa.field("end", pa.int64(), False),
     pa.field("generation", pa.int64(), False),
+    pa.field("epoch", pa.int64(), False),
 ])
 READ_CHUNK = 4096
 GENERATION = "generation"  # the offsets' bus generation, beside the partitions' offsets
+EPOCH = "epoch"  # the epoch whose markers end the planned ranges (0: none planned)
 
 
 class BusPartition(InputPartition):
-    def __init__(self, partition: int, start: int, end: int, generation: int = 0) -> None:
+    def __init__(self, partition: int, start: int, end: int, generation: int = 0,
+                 epoch_id: int = 0) -> None:
         super().__init__(partition)
         self.partition, self.start, self.end = partition, start, end
-        self.generation = generation
+        self.generation, self.epoch_id = generation, epoch_id
 
 
 class BusReplaced(RetryableError):
@@ -105,7 +109,7 @@ class BusDataSource(DataSource):
 
 
 def _offsets(d: dict[str, Any]) -> dict[int, int]:
-    return {int(k): int(v) for k, v in d.items() if k != GENERATION}
+    return {int(k): int(v) for k, v in d.items() if k not in (GENERATION, EPOCH)}
 
 
 def _generation(d: dict[str, Any]) -> int:
@@ -154,26 +158,27 @@ class BusStreamReader(DataSourceStreamReader):
         (at least one epoch, however large: a transaction is never split)."""
         start = start or self.initialOffset()
         begin, generation = _offsets(start), _generation(start)
-        end = self._plan(begin, generation)
+        end, epoch_id = self._plan(begin, generation)
         # Never behind the start: an epoch older than a sink checkpoint plans nothing.
         return {**{str(p): max(end.get(p, 0), begin.get(p, 0))
-                   for p in range(self.num_partitions)}, GENERATION: generation}
+                   for p in range(self.num_partitions)},
+                GENERATION: generation, EPOCH: epoch_id}
 
-    def _plan(self, begin: dict[int, int], generation: int) -> dict[int, int]:
+    def _plan(self, begin: dict[int, int], generation: int) -> tuple[dict[int, int], int]:
+        """The planned end, and the epoch whose markers end it (0: nothing planned)."""
         client = self._client()
+        latest = client.latest_epoch(self.source_id)
+        if latest is None:
+            return begin, 0
+        self._same_bus(latest, generation)  # before a backlog hides the newer generation
         if self.max_events is None:
-            latest = client.latest_epoch(self.source_id)
-            if latest is None:
-                return begin
-            self._same_bus(latest, generation)
-            return _offsets(dict(latest.end_offsets))
-        chosen: dict[int, int] | None = None
+            return _offsets(dict(latest.end_offsets)), latest.epoch_id
+        chosen: tuple[dict[int, int], int] | None = None
         after = self._cursor
         while True:
             page = client.epoch_range(self.source_id, after, 0, 1000)
             for epoch in page:
                 if epoch.bus_generation != generation:
-                    self._same_bus(epoch, generation)
                     continue  # an older generation's: offsets on a bus that is gone
                 end = _offsets(dict(epoch.end_offsets))
                 if all(end.get(p, 0) <= o for p, o in begin.items()):
@@ -182,9 +187,9 @@ class BusStreamReader(DataSourceStreamReader):
                 size = sum(max(end.get(p, 0) - begin.get(p, 0), 0) for p in begin)
                 if chosen is not None and size > self.max_events:
                     return chosen
-                chosen = end
+                chosen = end, epoch.epoch_id
             if len(page) < 1000:
-                return chosen if chosen is not None else begin
+                return chosen if chosen is not None else (begin, 0)
             after = page[-1].epoch_id
 
     def _same_bus(self, epoch: Any, generation: int) -> None:
@@ -196,7 +201,8 @@ class BusStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         s, e, generation = _offsets(start), _offsets(end), _generation(end)
-        return [BusPartition(p, s.get(p, 0), e.get(p, 0), generation)
+        epoch_id = int(end.get(EPOCH, 0))
+        return [BusPartition(p, s.get(p, 0), e.get(p, 0), generation, epoch_id)
                 for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -204,7 +210,8 @@ class BusStreamReader(DataSourceStreamReader):
         assert isinstance(partition, BusPartition)
         yield pa.RecordBatch.from_pylist(
             [{"partition": partition.partition, "start": partition.start,
-              "end": partition.end, "generation": partition.generation}], schema=RANGE_SCHEMA)
+              "end": partition.end, "generation": partition.generation,
+              "epoch": partition.epoch_id}], schema=RANGE_SCHEMA)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: sink checkpoints are committed by the job after the sinks acked."""

@@ -46,7 +46,7 @@ def test_a_new_generation_starts_from_its_start_and_replaces_a_running_query(
     control = FakeControl([epoch(1, 300), epoch(2, 600)], old)
     source = reader(control, max_events)
     running = source.latestOffset(source.initialOffset())
-    assert running == {"0": 600, "generation": 0}
+    assert running == {"0": 600, "generation": 0, "epoch": 2}
 
     control.epochs += [epoch(3, 40, generation=1, start=12)]  # capture republished
     with pytest.raises(BusReplaced, match="bus generation 1"):
@@ -55,6 +55,16 @@ def test_a_new_generation_starts_from_its_start_and_replaces_a_running_query(
     begin = restarted.initialOffset()
     assert begin == {"0": 12, "generation": 1}  # not the old checkpoint's 500
     end = restarted.latestOffset(begin)
-    assert end == {"0": 40, "generation": 1}
+    assert end == {"0": 40, "generation": 1, "epoch": 3}
     (part,) = restarted.partitions(begin, end)
-    assert (part.start, part.end, part.generation) == (12, 40, 1)  # type: ignore[attr-defined]
+    assert (part.start, part.end, part.generation, part.epoch_id) == (  # type: ignore[attr-defined]
+        12, 40, 1, 3)
+
+
+def test_a_query_behind_by_more_than_a_batch_sees_the_new_generation() -> None:
+    """With a backlog past `max_events` the plan stops before the newer generation's epochs:
+    the latest epoch is looked at first."""
+    epochs = [epoch(n, 100 * n) for n in range(1, 10)] + [epoch(10, 5, generation=1, start=1)]
+    source = reader(FakeControl(epochs, pb.Checkpoint(bus_offsets={0: 100})), max_events=150)
+    with pytest.raises(BusReplaced):
+        source.latestOffset({"0": 100, "generation": 0})

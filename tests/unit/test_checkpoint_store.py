@@ -101,6 +101,19 @@ def test_bus_generations(storage, store):
     old = cp(90)
     old.bus_offsets[0] = 900  # generation 0's offsets: past generation 1's end, no matter
     assert store.commit(old, 0)[0]
+    assert epochs.highest("src").tx_seq == 101
+
+
+def test_a_checkpoint_below_the_highest_epoch_is_accepted_on_a_new_generation(storage, store):
+    """Capture republishes from the sinks' minimum checkpoint: the new generation's latest
+    epoch is below what a faster sink already holds, which stays acceptable."""
+    republished = pb.Epoch(source_id="src", epoch_id=101, end_offsets={0: 10},
+                           bus_generation=1, generation_start={0: 1})
+    republished.position.tx_seq = 60
+    EpochStore(storage).record(republished)
+    assert store.commit(cp(100), 0)[0], "at the highest position ever published"
+    with pytest.raises(FailedPrecondition, match="beyond the latest epoch"):
+        store.commit(cp(101, "s2"), 0)
     future = cp(95)
     future.bus_generation = 2
     with pytest.raises(FailedPrecondition, match="bus generation 2"):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from tailrace.events import ChangeEvent, EpochMarker, Position, encode_epoch, encode_event
-from tailrace_services.delivery.runtime import deliver_slice
+from tailrace_services.delivery.runtime import BusChanged, deliver_slice
 from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
 
@@ -41,3 +43,16 @@ def test_deliver_slice_reports_epoch_and_offsets():
     assert result.end_offset == 13 and result.epoch_position.tx_seq == 5
     assert ahead.events == [] and len(behind.events) == 2
     assert result.delivered == {"ahead": 0, "behind": 2}
+
+
+def test_a_slice_not_ending_with_its_planned_epoch_writes_nothing():
+    """A bus that lost its records holds other ones at the planned offsets."""
+    marker = encode_epoch(EpochMarker(epoch_id=7, position=Position(tx_seq=5, event_index=1)))
+    records = [(10, encode_event(ev(5, 0))), (11, encode_event(ev(5, 1))), (12, marker)]
+    sink = ListSink("s")
+    assert deliver_slice(0, records, [sink], {"s": None}, ends_with_epoch=7).end_offset == 13
+    other = [(10, encode_event(ev(9, 0))), (11, marker), (12, encode_event(ev(9, 1)))]
+    moved = ListSink("s")
+    with pytest.raises(BusChanged, match="offset 12 is not the marker of epoch 7"):
+        deliver_slice(0, other, [moved], {"s": None}, ends_with_epoch=7)
+    assert moved.events == []

@@ -127,3 +127,13 @@ def test_chunks_the_lost_bus_held_past_the_sinks_checkpoint_are_read_again() -> 
                                  recent=[_done(8, 80), _done(9, 90)])
     assert read_lost_again(forgotten, covered=50)  # chunk 7 is no longer known
     assert (forgotten.cursor, forgotten.chunks_done, forgotten.rows_done) == ("", 0, 0)
+
+
+def test_a_reset_chunk_whose_truncate_the_bus_lost_is_read_again() -> None:
+    """A reset read's first chunk may publish only its TRUNCATE (no rows: tx_seq 0)."""
+    first = _done(1, 0, rows=0)
+    first.cleared_tx_seq = 40
+    entry = pb.SnapshotTable(table="t", state=pb.SNAPSHOT_DONE, cursor="[100]", reset=True,
+                             chunks_done=2, recent=[first, _done(2, 50)])
+    assert read_lost_again(entry, covered=30)
+    assert (entry.cursor, entry.chunks_done) == ("", 0) and entry.reset

@@ -130,10 +130,14 @@ def read_lost_again(entry: pb.SnapshotTable, covered: int) -> bool:
     the first lost one is no longer in `recent`; chunks in flight are dropped (read
     again). Whether the reading went back."""
     del entry.inflight[:]
-    lost = [c for c in entry.recent if c.tx_seq > covered]
+
+    def on_bus_only(chunk: pb.SnapshotChunk) -> bool:  # its rows, or its TRUNCATE (reset)
+        return max(chunk.tx_seq, chunk.cleared_tx_seq) > covered
+
+    lost = [c for c in entry.recent if on_bus_only(c)]
     if not lost:
         return False
-    kept = [c for c in entry.recent if c.tx_seq <= covered]
+    kept = [c for c in entry.recent if not on_bus_only(c)]
     before = kept[-1] if kept and kept[-1].chunk == lost[0].chunk - 1 else None
     if before is not None or lost[0].chunk == 1:
         entry.cursor = before.cursor if before is not None else ""

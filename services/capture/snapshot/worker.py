@@ -162,8 +162,12 @@ class SnapshotWorker:
             fields.update(cursor=last.cursor, chunks_done=last.chunk)
             if last.last:
                 fields["state"] = pb.SNAPSHOT_DONE
-        updated = self._set(entry.table, entry.request_id,
-                            lambda stored: stored.inflight.extend(settled.partial), **fields)
+        def edit(stored: pb.SnapshotTable) -> None:
+            stored.inflight.extend(settled.partial)
+            stored.recent.extend(settled.done)  # for `recovery.read_lost_again`
+            del stored.recent[:-RECENT_CHUNKS]
+
+        updated = self._set(entry.table, entry.request_id, edit, **fields)
         return Recovered(updated or entry, settled.exclude)
 
     def _read_again_after_bus_lost(self) -> None:
