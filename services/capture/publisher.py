@@ -23,7 +23,7 @@ from typing import cast
 import grpc
 from confluent_kafka import KafkaError, Message, Producer
 
-from tailrace.bus import partition_for, producer_config
+from tailrace.bus import ensure_topic, partition_for, producer_config
 from tailrace.control_client import ControlClient, ControlRefused
 from tailrace.errors import FatalError, RetryableError
 from tailrace.events import bus_key, encode_epoch, encode_event
@@ -232,8 +232,13 @@ class BusPublisher:
 
     def _bus_lost(self, latest: control_pb2.Epoch | None) -> bool:
         brokers, config = self._bus
+
+        def probe() -> None:  # the topic may be gone with the broker's data: made again
+            ensure_topic(brokers, self._topic, self._partitions, extra=config)
+            self._zero_markers()
+
         return bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id, latest,
-                              client_config=config, probe=self._zero_markers)
+                              client_config=config, probe=probe)
 
     def _check_bus(self, why: str) -> None:
         """RetryableError when the bus lost the latest recorded epoch's marker: the next
