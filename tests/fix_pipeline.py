@@ -51,6 +51,15 @@ def write_account_tx(conn: Any, t: int, keys: int) -> None:
             cur.executemany("UPDATE acct SET v = %s WHERE id = %s", [(t, k) for k in range(keys)])
 
 
+def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
+    """An `acct` stream in Redis (`write_account_tx`): each key's values, in stream order."""
+    out: dict[int, list[int]] = {}
+    for _, fields in redis.Redis.from_url(url).xrange(stream):
+        after = json.loads(fields[b"event"])["after"]
+        out.setdefault(after["id"], []).append(after["v"])
+    return out
+
+
 @dataclass
 class RunningPipeline:
     """A pipeline's three services as processes, with their logs in `dir`. Control runs with

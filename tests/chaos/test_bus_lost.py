@@ -12,31 +12,21 @@ capture stopped for good; now the pipeline heals itself.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
 import pytest
-import redis
 
 from tailrace.bus import BusReader
 from tailrace.config import load_pipeline
 from tailrace.devservers import KafkaBroker
-from tests.fix_pipeline import write_account_tx
+from tests.fix_pipeline import values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
 KEYS = 20
 TRANSACTIONS = 60  # t = 0 inserts every key, each later one updates them all to v = t
 DELIVERED, ON_BUS = 20, 40  # delivered before the loss; on the bus only, lost with it
-
-
-def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for _, fields in redis.Redis.from_url(url).xrange(stream):
-        after = json.loads(fields[b"event"])["after"]
-        out.setdefault(after["id"], []).append(after["v"])
-    return out
 
 
 def on_bus(brokers: str, topic: str) -> int:

@@ -20,9 +20,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-import redis
 
-from tests.fix_pipeline import RunningPipeline, write_account_tx
+from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -52,14 +51,6 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
         except OSError as e:
             out.append(f"{path} unreachable ({e})")
     return "; ".join(out)
-
-
-def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for _, fields in redis.Redis.from_url(url).xrange(stream):
-        after = json.loads(fields[b"event"])["after"]
-        out.setdefault(after["id"], []).append(after["v"])
-    return out
 
 
 @pytest.mark.parametrize("link", ["source", "capture-control", "delivery-control", "sink"])
