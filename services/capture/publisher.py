@@ -197,13 +197,7 @@ class BusPublisher:
             self._bus_checked_at = time.monotonic()
             # a bus or control service that does not answer now shows it when something
             # is published; the check reads at most AT_TIMEOUT_S when the bus is up
-            lost = False
-            with contextlib.suppress(RetryableError):
-                lost = self._bus_lost(self._control.latest_epoch(self._source_id))
-            if lost:
-                raise RetryableError("the bus lost what this source published (checked while "
-                                     "idle); starting again to republish from the sinks' "
-                                     "checkpoint")
+            self._check_bus("checked while idle", unanswered_is_fine=True)
 
     def _zero_markers(self) -> dict[int, int]:
         """A marker of epoch 0 (it names nothing: delivery and the resume rule skip it) on
@@ -240,10 +234,14 @@ class BusPublisher:
         return bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id, latest,
                               client_config=config, probe=probe)
 
-    def _check_bus(self, why: str) -> None:
+    def _check_bus(self, why: str, unanswered_is_fine: bool = False) -> None:
         """RetryableError when the bus lost the latest recorded epoch's marker: the next
-        session opens a new bus generation (`_open_generation`)."""
-        if self._bus_lost(self._control.latest_epoch(self._source_id)):
+        session opens a new bus generation (`_open_generation`). `unanswered_is_fine`: a
+        bus or control service that cannot tell now is not an error."""
+        lost = False
+        with contextlib.suppress(*((RetryableError,) if unanswered_is_fine else ())):
+            lost = self._bus_lost(self._control.latest_epoch(self._source_id))
+        if lost:
             raise RetryableError(f"the bus lost what this source published ({why}); starting "
                                  "again to republish from the sinks' checkpoint")
 
