@@ -39,7 +39,8 @@ from tailrace_services.delivery.source import read_bus_range
 from tests.fix_delivery import synthetic_tx
 
 
-def spec_for(name: str, brokers: str, topic: str, redis_url: str, control: str, batch: int):
+def spec_for(name: str, brokers: str, topic: str, redis_url: str, control: str, batch: int,
+             partitions: int = 1):
     return parse_pipeline(f"""
 apiVersion: tailrace/v1
 kind: Pipeline
@@ -47,7 +48,7 @@ metadata: {{name: {name}}}
 spec:
   source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
   sinks: [{{id: r, type: redis, url: "{redis_url}", stream: "{name}.{{table}}"}}]
-  bus: {{brokers: "{brokers}", topic: {topic}}}
+  bus: {{brokers: "{brokers}", topic: {topic}, partitions: {partitions}}}
   control: {{address: "{control}"}}
   batch: {{max_events: {batch}, max_ms: 100}}
 """)
@@ -63,6 +64,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--tx-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=20_000, help="batch.max_events")
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="bus.partitions: the Spark job runs a task per partition; "
+                             "the plain loop delivers them one after the other")
     parser.add_argument("--profile", metavar="FILE",
                         help="profile the plain loop (cProfile) into FILE (read with "
                              "`python -m pstats FILE`) and skip the Spark job")
@@ -73,45 +77,54 @@ def main() -> None:
         address = f"127.0.0.1:{control.port}"
         client = ControlClient(address)
         topic = "bench-bus"
-        broker.create_topic(topic, 1)
+        parts = args.partitions
+        broker.create_topic(topic, parts)
         from tailrace_services.capture.publisher import BusPublisher
 
-        pub = BusPublisher(broker.bootstrap, topic, 1, "syn", client, epoch_ms=50)
+        pub = BusPublisher(broker.bootstrap, topic, parts, "syn", client, epoch_ms=50)
         t0 = time.perf_counter()
         n_tx = args.events // args.tx_size
         for seq in range(1, n_tx + 1):
             pub.publish_transaction(synthetic_tx(seq, list(range(args.tx_size))))
         pub.close()
         publish_s = time.perf_counter() - t0
-        end = client.latest_epoch("syn").end_offsets[0]
-        print(f"published {n_tx * args.tx_size} events ({end} bus records) in {publish_s:.1f} s "
+        ends = dict(client.latest_epoch("syn").end_offsets)
+        print(f"published {n_tx * args.tx_size} events ({sum(ends.values())} bus records, "
+              f"{parts} partition{'s' if parts > 1 else ''}) in {publish_s:.1f} s "
               f"({n_tx * args.tx_size / publish_s:,.0f} events/s)")
 
         # 1. plain Python loop over the same records, same runtime, same sink type
-        plain = spec_for("plain", broker.bootstrap, topic, red.url, address, args.batch)
+        plain = spec_for("plain", broker.bootstrap, topic, red.url, address, args.batch, parts)
         sink = build_sink(plain.spec.sinks[0], pipeline="plain")
         t0 = time.perf_counter()
-        records = [(o, v) for offsets, values in read_bus_range(broker.bootstrap, topic, 0, 0, end)
-                   for o, v in zip(offsets, values, strict=True)]
-        read_s = time.perf_counter() - t0
+        read_s = 0.0
+        delivered = 0
         profiler = cProfile.Profile() if args.profile else None
-        if profiler is not None:
-            profiler.enable()
-        result = deliver_slice(0, records, [sink], {"r": None}, pipeline="plain",
-                               source_id="syn", batch=plain.spec.batch,
-                               processors=ProcessorChain([]))
+        for partition, end in sorted(ends.items()):
+            r0 = time.perf_counter()
+            records = [(o, v) for offsets, values
+                       in read_bus_range(broker.bootstrap, topic, partition, 0, end)
+                       for o, v in zip(offsets, values, strict=True)]
+            read_s += time.perf_counter() - r0
+            if profiler is not None:
+                profiler.enable()
+            result = deliver_slice(partition, records, [sink], {"r": None}, pipeline="plain",
+                                   source_id="syn", batch=plain.spec.batch,
+                                   processors=ProcessorChain([]))
+            if profiler is not None:
+                profiler.disable()
+            delivered += result.delivered["r"]
         loop_s = time.perf_counter() - t0
-        delivered = result.delivered["r"]
         print(f"plain loop: {delivered} events in {loop_s:.2f} s "
               f"({delivered / loop_s:,.0f} events/s; bus read {read_s:.2f} s)")
         if profiler is not None:
-            profiler.disable()
             profiler.dump_stats(args.profile)
             control.stop()
             return
 
         # 2. the Spark job
-        spark_spec = spec_for("spark", broker.bootstrap, topic, red.url, address, args.batch)
+        spark_spec = spec_for("spark", broker.bootstrap, topic, red.url, address, args.batch,
+                              parts)
         batch_times: list[float] = []
 
         def timed(report: BatchReport, seconds: float) -> None:

@@ -69,8 +69,8 @@ spec:
     id: e2e-src
     dsn: "{dsn}"
     tables: [{table}]
-  sinks: [{sink}]
-  bus: {{brokers: "{brokers}"}}
+{epoch}  sinks: [{sink}]
+  bus: {{brokers: "{brokers}", partitions: {partitions}}}
   control: {{address: "127.0.0.1:{control_port}"}}
 {batch}"""
 REDIS_SINK = '{{id: out, type: redis, url: "{url}", stream: "e2e"}}'
@@ -283,6 +283,9 @@ def main() -> None:
     parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
     parser.add_argument("--max-events", type=int, default=0,
                         help="spec.batch.max_events (default: the spec's default)")
+    parser.add_argument("--partitions", type=int, default=1, help="spec.bus.partitions")
+    parser.add_argument("--epoch-ms", type=int, default=0,
+                        help="spec.source.epoch_ms (default: the spec's default)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
@@ -307,6 +310,9 @@ def main() -> None:
                                          dsn=spec_dsn, table=table,
                                          sink=sink, brokers=kafka.bootstrap,
                                          control_port=free_port(),
+                                         partitions=args.partitions,
+                                         epoch=f"    epoch_ms: {args.epoch_ms}\n"
+                                         if args.epoch_ms else "",
                                          batch=f"  batch: {{max_events: {args.max_events}}}\n"
                                          if args.max_events else ""))
         sup = Supervisor({"TAILRACE_LOG_FORMAT": "json", "TAILRACE_LOG_LEVEL": "info"})

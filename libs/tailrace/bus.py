@@ -25,7 +25,7 @@ from tailrace.events import decode_record
 from tailrace.logs import kafka_logger, redact
 from tailrace.proto.event_pb2 import BusRecord
 
-__all__ = ["BusMessage", "BusReadError", "BusReader", "consumer_config", "ensure_topic",
+__all__ = ["BusMessage", "BusRangeGone", "BusReadError", "BusReader", "consumer_config", "ensure_topic",
            "partition_for", "producer_config"]
 
 
@@ -108,6 +108,13 @@ class BusReadError(RetryableError):
     """The broker answered a read of the internal topic with an error."""
 
 
+GONE_AFTER_S = 5.0  # `read_range`: nothing arrived, the partition ends before the range
+
+
+class BusRangeGone(BusReadError):
+    """A range planned from acknowledged records is not on the bus any more."""
+
+
 @dataclass(frozen=True, slots=True)
 class BusMessage:
     """One record of the internal topic as read: where it is, and its bytes."""
@@ -176,12 +183,17 @@ class BusReader:
     def read_range(self, partition: int, start: int, end: int, timeout_s: float = 60.0,
                    chunk: int = 4096) -> Iterator[tuple[list[int], list[bytes]]]:
         """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
-        of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`."""
+        of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`. BusRangeGone
+        sooner, when nothing arrived for GONE_AFTER_S and the partition ends before `end`:
+        the range was planned from acknowledged records, so a bus without them lost them.
+        Not at the first empty read: the test broker gives a partition's end as one past the
+        start of its last batch, below the records after it in that batch."""
         self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []
         next_offset = start
         deadline = time.monotonic() + timeout_s
+        waiting_since = time.monotonic()
         while next_offset < end:
             got = False
             for msg in self._consume(min(10_000, end - next_offset), 1.0):
@@ -196,6 +208,12 @@ class BusReader:
                     offsets, values = [], []
             if got:
                 deadline = time.monotonic() + timeout_s
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since >= GONE_AFTER_S and \
+                    (high := self._end_or_none(partition)) is not None and high < end:
+                raise BusRangeGone(f"bus {self.topic}[{partition}] ends at offset {high}, "
+                                   f"before offsets {next_offset}..{end} planned from records "
+                                   "it acknowledged: the bus lost them")
             elif time.monotonic() > deadline:
                 raise TimeoutError(f"bus {self.topic}[{partition}]: offsets {next_offset}..{end} "
                                    f"not readable within {timeout_s:.0f} s")
@@ -210,6 +228,12 @@ class BusReader:
         except KafkaException as e:
             raise BusReadError(f"bus {self.topic}[{partition}]: {redact(str(e))}") from None
         return int(high)
+
+    def _end_or_none(self, partition: int) -> int | None:
+        try:
+            return self.end_offset(partition, 5.0)
+        except BusReadError:
+            return None  # not answered: the read's own timeout decides
 
     def read_at(self, partition: int, offset: int, timeout_s: float = 20.0) -> BusMessage | None:
         """The record at `offset`, None when the partition ends before it; TimeoutError

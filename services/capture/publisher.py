@@ -30,7 +30,7 @@ from tailrace.events import bus_key, encode_epoch, encode_event
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
-from tailrace_services.capture.resume import bus_lost_epoch
+from tailrace_services.capture.resume import AT_TIMEOUT_S, bus_lost_epoch
 
 log = get_logger(__name__)
 
@@ -42,13 +42,45 @@ EPOCH_ACK_TIMEOUT_S = 30.0
 # Epochs emitted but not yet acknowledged. Past this the publisher waits for the bus, so a
 # slow or cut-off bus stops the source reading within a few epochs (backpressure).
 MAX_EPOCHS_IN_FLIGHT = 3
-BUS_CHECK_S = 30.0  # while idle: how often the bus is asked for the latest epoch's marker
+BUS_CHECK_S = 10.0  # while idle: how often the bus is asked for the latest epoch's marker
+# an epoch not acknowledged this long: the bus is asked whether it lost what it held (a
+# broker restarted empty never acknowledges this producer again)
+BUS_SUSPECT_S = 5.0
+
+
+def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], client_id: str,
+                  client_config: Mapping[str, str] | None, timeout_s: float,
+                  why: str) -> dict[int, int]:
+    """Each marker written to its partition by a producer of its own, and the offsets the
+    broker gave them. Its own: after a broker restarted empty, a producer that wrote to it
+    before may never be acknowledged again (its idempotence state is gone with the broker),
+    and a restarted capture must not wait on what an earlier one sent. RetryableError, saying
+    `why` it wrote, when not every marker is acknowledged within `timeout_s`."""
+    producer = Producer(producer_config(brokers, client_id, client_config))
+    offsets: dict[int, int] = {}
+    errors: list[str] = []
+
+    def acked(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            errors.append(err.str())
+        else:
+            offsets[cast(int, msg.partition())] = cast(int, msg.offset())
+
+    for marker in markers:
+        producer.produce(topic, encode_epoch(marker), partition=marker.partition,
+                         on_delivery=acked)
+    left = producer.flush(timeout_s)
+    if errors or left or len(offsets) < len(markers):
+        raise RetryableError(f"cannot write to the bus to {why}: "
+                             f"{'; '.join(errors) or f'no answer within {timeout_s:.0f} s'}")
+    return offsets
 
 
 @dataclass
 class _EpochInFlight:
     epoch: control_pb2.Epoch
     deadline: float
+    suspect_at: float  # then the bus is checked (`_record_acked_epochs`), once
     acked: dict[int, int] = field(default_factory=dict)  # partition -> offset after the marker
 
 
@@ -229,10 +261,15 @@ class BusPublisher:
 
         def probe() -> None:  # the topic may be gone with the broker's data: made again
             ensure_topic(brokers, self._topic, self._partitions, extra=config)
-            self._zero_markers()
+            now_us = int(time.time() * 1_000_000)
+            write_markers(brokers, self._topic, [
+                EpochMarker(epoch_id=0, source_id=self._source_id, partition=p, ts_micros=now_us)
+                for p in range(self._partitions)], f"tailrace-capture-probe-{self._source_id}",
+                config, EPOCH_ACK_TIMEOUT_S, "look for the latest epoch's marker again")
 
+        # briefly: the publisher does not keep the source's connection alive meanwhile
         return bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id, latest,
-                              client_config=config, probe=probe)
+                              timeout_s=AT_TIMEOUT_S, client_config=config, probe=probe)
 
     def _check_bus(self, why: str, unanswered_is_fine: bool = False) -> None:
         """RetryableError when the bus lost the latest recorded epoch's marker: the next
@@ -265,7 +302,8 @@ class BusPublisher:
                               source_ts_unix_ms=self._last_source_ms,
                               bus_generation=self.generation,
                               generation_start=self.generation_start),
-            deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S)
+            deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S,
+            suspect_at=time.monotonic() + BUS_SUSPECT_S)
 
         def on_marker(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -288,9 +326,14 @@ class BusPublisher:
         while self._in_flight:
             flight = self._in_flight[0]
             if len(flight.acked) < self._partitions:
-                if time.monotonic() > flight.deadline:
+                now = time.monotonic()
+                if now > flight.deadline:
                     raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
                                          f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+                if now > flight.suspect_at:
+                    flight.suspect_at = flight.deadline  # once: a slow bus is not asked again
+                    self._check_bus(f"epoch {flight.epoch.epoch_id} not acknowledged within "
+                                    f"{BUS_SUSPECT_S:.0f} s", unanswered_is_fine=True)
                 return
             for partition, offset in flight.acked.items():
                 flight.epoch.end_offsets[partition] = offset

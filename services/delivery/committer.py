@@ -38,6 +38,8 @@ class BatchReport:
     error_classes: dict[str, str] = field(default_factory=dict)  # retryable | non_retryable
     write_s: dict[str, float] = field(default_factory=dict)
     e2e_ms_max: float = 0.0
+    task_ms_max: float = 0.0  # the slowest task of the batch, and its bus read
+    read_ms_max: float = 0.0
     dead_letters: int = 0
     policy_satisfied: bool = True
     reason: str = ""
@@ -85,7 +87,9 @@ class BatchCommitter:
         self._own_versions.clear()
 
     def summarize(self, rows: list[Any]) -> BatchReport:
-        report = BatchReport(events=sum(r["events"] for r in rows))
+        report = BatchReport(events=sum(r["events"] for r in rows),
+                             task_ms_max=max((r["task_ms"] for r in rows), default=0.0),
+                             read_ms_max=max((r["read_ms"] for r in rows), default=0.0))
         for row in rows:
             for o in json.loads(row["outcomes"]):
                 sid = o["sink_id"]

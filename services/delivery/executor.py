@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -17,13 +18,14 @@ from tailrace_services.delivery.sinks import Sink, build_sink
 from tailrace_services.delivery.source import read_bus_range
 
 RESULT_SCHEMA = ("partition int, generation long, end_offset long, epoch_position binary, "
-                 "events long, "
+                 "events long, read_ms double, task_ms double, "
                  "outcomes string, dead_letters array<struct<sink_id:string,event:binary,"
                  "reason:string>>")
 _RESULT_ARROW = pa.schema([
     ("partition", pa.int32()), ("generation", pa.int64()), ("end_offset", pa.int64()),
     ("epoch_position", pa.binary()),
-    ("events", pa.int64()), ("outcomes", pa.string()),
+    ("events", pa.int64()), ("read_ms", pa.float64()), ("task_ms", pa.float64()),
+    ("outcomes", pa.string()),
     ("dead_letters", pa.list_(pa.struct([("sink_id", pa.string()), ("event", pa.binary()),
                                          ("reason", pa.string())]))),
 ])
@@ -92,12 +94,15 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
     the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
     the result for the checkpoint; `epoch_id`: the epoch whose marker the range ends with
     (checked before anything is written: a bus that lost its records holds other ones
-    at those offsets)."""
+    at those offsets). The result also says how long the task took, and its bus read
+    (the batch log line: what of a batch is Spark's own)."""
+    started = time.monotonic()
     spec = pipeline.spec
     records: list[tuple[int, bytes]] = []
     for offsets, values in read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition,
                                           start, end, client_config=spec.bus.client_config):
         records.extend(zip(offsets, values, strict=True))
+    read_ms = (time.monotonic() - started) * 1000
     try:
         result = deliver_slice(partition, records, _sinks(pipeline), positions,
                                pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
@@ -118,6 +123,8 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
         "epoch_position": (result.epoch_position.SerializeToString()
                            if result.epoch_position is not None else None),
         "events": result.events,
+        "read_ms": read_ms,
+        "task_ms": (time.monotonic() - started) * 1000,
         "outcomes": json.dumps([{k: v for k, v in vars(o).items() if k != "dead_letters"}
                                 for o in result.outcomes]),
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}

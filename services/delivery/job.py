@@ -176,6 +176,7 @@ class DeliveryJob:
                  dead_letters=report.dead_letters or None,
                  ms=round((committed_at - started) * 1000),
                  deliver_ms=round((delivered_at - started) * 1000),
+                 task_ms=round(report.task_ms_max), bus_read_ms=round(report.read_ms_max),
                  commit_ms=round((committed_at - delivered_at) * 1000))
         if self.on_batch is not None:
             self.on_batch(report, committed_at - started)

@@ -19,16 +19,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
-from confluent_kafka import KafkaError, Message, Producer
-
-from tailrace.bus import BusReader, producer_config
+from tailrace.bus import BusReader
 from tailrace.config import PipelineSpec
-from tailrace.errors import RetryableError
-from tailrace.events import decode_record, encode_epoch
+from tailrace.events import decode_record
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.event_pb2 import EpochMarker, Op
+from tailrace_services.capture.publisher import write_markers
 from tailrace_services.capture.snapshot.chunks import Key, TablePlan, key_of, table_of
 
 __all__ = ["BusScan", "Found", "OnBus", "Settled", "read_lost_again", "settle",
@@ -193,29 +191,14 @@ class BusScan:
         more was written, and a chunk found short there is read twice."""
         bus = self.pipeline.spec.bus
         source_id = self.pipeline.spec.source.id
-        producer = Producer(producer_config(bus.brokers, f"tailrace-capture-fence-{source_id}",
-                                            bus.client_config))
-        ends: dict[int, int] = {}
-        errors: list[str] = []
-
-        def acked(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                ends[cast(int, msg.partition())] = cast(int, msg.offset())
-
         now_us = time.time_ns() // 1000
-        for partition in range(bus.partitions):
-            marker = EpochMarker(epoch_id=epoch.epoch_id if epoch is not None else 0,
-                                 source_id=source_id, partition=partition, ts_micros=now_us,
-                                 position=epoch.position if epoch is not None else None)
-            producer.produce(self.pipeline.bus_topic, encode_epoch(marker),
-                             partition=partition, on_delivery=acked)
-        left = producer.flush(SCAN_TIMEOUT_S)
-        if errors or left or len(ends) < bus.partitions:
-            raise RetryableError("cannot write to the bus to find where an earlier capture's "
-                                 f"snapshot chunks end: {'; '.join(errors) or 'no answer'}")
-        return ends
+        return write_markers(bus.brokers, self.pipeline.bus_topic, [
+            EpochMarker(epoch_id=epoch.epoch_id if epoch is not None else 0,
+                        source_id=source_id, partition=partition, ts_micros=now_us,
+                        position=epoch.position if epoch is not None else None)
+            for partition in range(bus.partitions)], f"tailrace-capture-fence-{source_id}",
+            bus.client_config, SCAN_TIMEOUT_S,
+            "find where an earlier capture's snapshot chunks end")
 
     @staticmethod
     def _collect(reader: BusReader, partition: int, start: int, end: int,
