@@ -25,6 +25,7 @@ import grpc
 
 from tailrace.control_tls import SPEC_SETTINGS, ClientTls, ControlTlsError, TlsSettings, diagnose
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
+from tailrace.links import LINKS
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace.proto.event_pb2 import Position
@@ -143,6 +144,7 @@ class ControlClient:
                  tls: ClientTls | None = None, tls_settings: TlsSettings = SPEC_SETTINGS,
                  agent: str | None = None) -> None:
         self.address = address
+        self._link = f"control service at {address}"  # its name in `tailrace.links`
         if tls is None and root_cert is not None:
             pem = Path(root_cert).read_bytes() if isinstance(root_cert, str) else root_cert
             tls = ClientTls(ca=pem)
@@ -186,12 +188,17 @@ class ControlClient:
         next_look = 0.0  # a TLS probe is a connection of its own: at most one every 5 s
         while True:
             try:
-                return fn(request, timeout=self._timeout, metadata=self._metadata)
+                answer = fn(request, timeout=self._timeout, metadata=self._metadata)
+                LINKS.ok(self._link)
+                return answer
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
                 message = f"control service at {self.address}: {what} failed: {code.name}: {details}"
                 if code in _REFUSED:
+                    LINKS.ok(self._link)  # it answered
                     raise ControlRefused(message, code, details) from None
+                if code in _RETRIED:
+                    LINKS.failed(self._link, f"{what}: {code.name}: {details}")
                 if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() >= next_look:
                     next_look = time.monotonic() + 5.0
                     mismatch = diagnose(self.address, details, self._tls, self._tls_settings)

@@ -25,6 +25,11 @@ class RetryableError(TailraceError):
     """Transient: back off and retry."""
 
 
+class SourceUnreachableError(RetryableError):
+    """A connection to the source's server could not be made (refused, timed out): retried
+    with backoff; `/ready` names the source while it lasts."""
+
+
 class SourceLostError(RetryableError):
     """The connection to the source's log broke; everything read before it is good. Capture
     finishes publishing that, then reconnects and continues after it."""

@@ -3,7 +3,9 @@
 - `/health`: 200 `ok`, or 503 with `{"status": "unhealthy", "reason": ...}` (a lost source
   position, a failed pipeline); a check may answer a `Health` with another status (the
   delivery service says `degraded` while it restarts without progress);
-- `/ready`: 200 `ready` once the service can do its job, 503 before;
+- `/ready`: 200 `ready` once the service can do its job, 503 before, and while it cannot
+  now: with `{"status": "not ready", "reason": ...}` when it can say why (a link that is
+  cut, `tailrace.links`);
 - `/metrics`: Prometheus text from the default registry.
 
 It runs in a background thread; `start_http_side(0, ...)` picks a free port (`.port`).
@@ -60,9 +62,10 @@ class HttpSide:
 
 
 def start_http_side(port: int, health: Callable[[], tuple[bool, str] | Health],
-                    ready: Callable[[], bool], host: str = "127.0.0.1") -> HttpSide:
+                    ready: Callable[[], bool | tuple[bool, str]],
+                    host: str = "127.0.0.1") -> HttpSide:
     """Serve /health, /ready and /metrics on `host:port` (0 = a free port) in a thread.
-    `health` answers `(ok, reason)` or a `Health`."""
+    `health` answers `(ok, reason)` or a `Health`; `ready` a bool or `(ready, reason)`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -77,8 +80,14 @@ def start_http_side(port: int, health: Callable[[], tuple[bool, str] | Health],
                                            "reason": redact(answer.reason)})
                         self._send(503, body.encode() + b"\n", "application/json")
                 elif path == "/ready":
-                    if ready():
+                    readiness = ready()
+                    is_ready, why = readiness if isinstance(readiness, tuple) \
+                        else (readiness, "")
+                    if is_ready:
                         self._send(200, b"ready\n", "text/plain; charset=utf-8")
+                    elif why:
+                        body = json.dumps({"status": "not ready", "reason": redact(why)})
+                        self._send(503, body.encode() + b"\n", "application/json")
                     else:
                         self._send(503, b"not ready\n", "text/plain; charset=utf-8")
                 elif path == "/metrics":

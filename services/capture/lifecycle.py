@@ -37,6 +37,7 @@ from tailrace.errors import (
     PositionLostError,
     RetryableError,
 )
+from tailrace.links import LINKS
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.control_pb2 import ServerIdentity
@@ -53,9 +54,11 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class Reconnect:
-    """A transient failure: log `message` as a warning, back off, start a new session."""
+    """A transient failure: log `message` as a warning, back off, start a new session.
+    `link`: the link that failed, when the error says (`/ready` names it)."""
 
     message: str
+    link: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class CaptureLifecycle:
                 if isinstance(outcome, Stop):
                     log.warning(outcome.message)
                     return
-                self._reconnect(e, outcome.message)
+                self._reconnect(e, outcome.message, outcome.link)
 
     def _resnapshot_asked(self, lost: PositionLostError) -> bool:
         """Whether a new session should take the server as it is now: asked for by
@@ -203,12 +206,12 @@ class CaptureLifecycle:
         except (RetryableError, NonRetryableError) as e:
             log.warning("cannot report health to the control service", error=str(e))
 
-    def _reconnect(self, error: Exception, message: str) -> None:
+    def _reconnect(self, error: Exception, message: str, link: str = "") -> None:
         if self.metrics is not None:
             self.metrics.reconnects.inc()
         delay = self.backoff.next()
         self.ready = False
-        self.health = (True, f"reconnecting: {error}")
+        self.health = (True, f"reconnecting{f' to the {link}' if link else ''}: {error}")
         log.warning(message, error=str(error), retry_in_s=round(delay, 2))
         deadline = time.monotonic() + delay
         while not self.stopping and time.monotonic() < deadline:
@@ -252,6 +255,14 @@ class CaptureService(ABC, Generic[S]):
     @property
     def ready(self) -> bool:
         return self.lifecycle.ready
+
+    def readiness(self) -> tuple[bool, str]:
+        """For `/ready`: changes flow now, else why not — reconnecting (to what, when the
+        error says) or a link its calls find cut (`tailrace.links`)."""
+        if not self.lifecycle.ready:
+            return False, self.lifecycle.health[1]
+        broken = LINKS.reason()
+        return not broken, broken
 
     def stop(self) -> None:
         self.lifecycle.stop()

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.http_port is not None:
         from tailrace.httpside import start_http_side
 
-        side = start_http_side(args.http_port, lambda: capture.health, lambda: capture.ready)
+        side = start_http_side(args.http_port, lambda: capture.health, capture.readiness)
         log.info("http side port", url=side.url)
         # a lost position keeps the process up to say why: it waits for `tailrace resnapshot`
         capture.lifecycle.wait_for_resnapshot = not args.exit_on_fatal

@@ -27,6 +27,7 @@ from tailrace.bus import ensure_topic, partition_for, producer_config
 from tailrace.control_client import ControlClient, ControlRefused
 from tailrace.errors import FatalError, RetryableError
 from tailrace.events import bus_key, encode_epoch, encode_event
+from tailrace.links import LINKS
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
@@ -79,6 +80,7 @@ def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], clie
 @dataclass
 class _EpochInFlight:
     epoch: control_pb2.Epoch
+    sent_at: float
     deadline: float
     suspect_at: float  # then the bus is checked (`_record_acked_epochs`), once
     acked: dict[int, int] = field(default_factory=dict)  # partition -> offset after the marker
@@ -117,6 +119,7 @@ class BusPublisher:
         self.bytes_published = 0  # of the change events' bus records
         self.transactions_published = 0
         self._bus = (brokers, client_config)
+        self._link = f"bus at {brokers}"  # its name in `tailrace.links`
         self.generation = latest.bus_generation if latest else 0
         self.generation_start = dict(latest.generation_start) if latest else {}
         self.generation_opened = False  # by this session: the bus lost what it held
@@ -302,7 +305,7 @@ class BusPublisher:
                               source_ts_unix_ms=self._last_source_ms,
                               bus_generation=self.generation,
                               generation_start=self.generation_start),
-            deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S,
+            sent_at=time.monotonic(), deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S,
             suspect_at=time.monotonic() + BUS_SUSPECT_S)
 
         def on_marker(err: KafkaError | None, msg: Message) -> None:
@@ -330,6 +333,9 @@ class BusPublisher:
                 if now > flight.deadline:
                     raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
                                          f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
+                if now - flight.sent_at >= LINKS.grace_s:
+                    LINKS.failed(self._link, f"epoch {flight.epoch.epoch_id} not acknowledged "
+                                 f"for {now - flight.sent_at:.0f} s")
                 if now > flight.suspect_at:
                     flight.suspect_at = flight.deadline  # once: a slow bus is not asked again
                     self._check_bus(f"epoch {flight.epoch.epoch_id} not acknowledged within "
@@ -344,6 +350,7 @@ class BusPublisher:
                     self._check_bus(e.details)
                 raise
             self._in_flight.popleft()
+            LINKS.ok(self._link)
 
     def drain(self, keep: int = 0) -> None:
         """Wait until at most `keep` emitted epochs are not yet acknowledged and recorded."""

@@ -27,6 +27,7 @@ from tailrace.errors import (
     PositionLostError,
     RetryableError,
     SourceLostError,
+    SourceUnreachableError,
     TailraceError,
 )
 from tailrace.logs import redact
@@ -53,7 +54,7 @@ def connect_error(exc: pymysql.err.MySQLError, server: str) -> TailraceError:
     text = redact(f"cannot connect to {server}: {exc.args[-1] if exc.args else exc}")
     if _code(exc) in PERMANENT_CONNECT:
         return NonRetryableError(text)
-    return RetryableError(text)
+    return SourceUnreachableError(text)
 
 
 def read_error(exc: pymysql.err.MySQLError, what: str) -> TailraceError:
@@ -73,8 +74,11 @@ def session_errors(source_id: str) -> ErrorHandler:
 
     def handle(error: Exception) -> Reconnect | Fail | Stop | None:
         if isinstance(error, StreamLostError):
-            return Reconnect("binlog connection lost; reconnecting")
-        if isinstance(error, RetryableError | pymysql.err.MySQLError | OSError):
+            return Reconnect("binlog connection lost; reconnecting", link="source database")
+        if isinstance(error, SourceLostError | SourceUnreachableError | pymysql.err.MySQLError
+                      | OSError):
+            return Reconnect("capture interrupted; reconnecting", link="source database")
+        if isinstance(error, RetryableError):
             return Reconnect("capture interrupted; reconnecting")
         return None
 

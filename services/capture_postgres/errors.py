@@ -31,6 +31,7 @@ from tailrace.errors import (
     PositionLostError,
     RetryableError,
     SourceLostError,
+    SourceUnreachableError,
     TailraceError,
 )
 from tailrace.logs import redact
@@ -69,7 +70,7 @@ def connect_error(message: str) -> TailraceError:
     text = redact(f"cannot connect to PostgreSQL for replication: {message}")
     if any(marker in message for marker in PERMANENT_CONNECT_ERRORS):
         return NonRetryableError(text)
-    return RetryableError(text)
+    return SourceUnreachableError(text)
 
 
 def command_error(sqlstate: str, message: str, what: str, slot: str | None) -> TailraceError:
@@ -98,7 +99,10 @@ def session_errors(source_id: str) -> ErrorHandler:
         if isinstance(error, StreamStopped):
             return Stop("stopped while waiting for the bus; unacknowledged events will be "
                         "published again from the checkpoint")
-        if isinstance(error, RetryableError | psycopg.OperationalError):
+        if isinstance(error, psycopg.OperationalError | SourceLostError
+                      | SourceUnreachableError):
+            return Reconnect("capture interrupted; reconnecting", link="source database")
+        if isinstance(error, RetryableError):
             return Reconnect("capture interrupted; reconnecting")
         if isinstance(error, psycopg.Error):  # a statement the source refused: not transient
             reason = f"source {source_id}: {type(error).__name__}: {error}"

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from tailrace.errors import TailraceError
 from tailrace.httpside import Health
+from tailrace.links import LINKS
 from tailrace.logs import get_logger
 from tailrace.retry import Backoff
 
@@ -145,6 +146,15 @@ class PipelineHealth:
         if now.state == "running":
             return Health(True, "ok")
         return Health(False, now.reason, "degraded" if now.state == "degraded" else "unhealthy")
+
+    def readiness(self) -> tuple[bool, str]:
+        """For `/ready`: not while a sink fails its batches or a link the driver's own calls
+        find cut (`tailrace.links`: the control service), naming them."""
+        why = [f"sink {s.sink_id} failed {s.batches} batch{'es' if s.batches > 1 else ''} "
+               f"in a row: {s.error}" for s in self.current.sinks]
+        if broken := LINKS.reason():
+            why.append(broken)
+        return not why, "; ".join(why)
 
     def publish(self, send: Callable[[State], None]) -> State:
         """Send the current state (with the failing sinks) when it differs from the last one

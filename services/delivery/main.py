@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.http_port is not None:
         from tailrace.httpside import start_http_side
 
-        side = start_http_side(args.http_port, health.http, ready.is_set)
+        side = start_http_side(args.http_port, health.http, lambda: (
+            health.readiness() if ready.is_set() else (False, "starting")))
         log.info("http side port", url=side.url)
 
     def failed(reason: str, code: int) -> int:

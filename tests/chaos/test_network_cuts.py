@@ -1,8 +1,8 @@
 """Network cuts between Tailrace's services and what they talk to, during a workload
 (issue 16, item 1): each link goes through a `TcpProxy`, which drops every connection and
 refuses new ones for CUT_S while the source keeps committing. Counted each time: every
-change in Redis once, per key in source order, no process died; and what the services'
-side ports said while the link was cut.
+change in Redis once, per key in source order, no process died; and the service's `/ready`
+named the cut link while it was cut (`tailrace.links`).
 
 Links: capture <-> source database, capture <-> control, delivery <-> control,
 delivery <-> sink (Redis). capture <-> bus is tests/chaos/test_pg_capture_outages.py.
@@ -11,6 +11,7 @@ delivery <-> sink (Redis). capture <-> bus is tests/chaos/test_pg_capture_outage
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +27,11 @@ from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
 pytestmark = pytest.mark.chaos
 
 KEYS = 20
+# what `/ready` of which service names while the link is cut (`tailrace.links`)
+NAMED = {"source": ("capture", "reconnecting to the source database"),
+         "capture-control": ("capture", "control service at 127.0.0.1:"),
+         "delivery-control": ("delivery", "control service at 127.0.0.1:"),
+         "sink": ("delivery", "sink redis1 failed")}
 BEFORE, DURING, TRANSACTIONS = 20, 50, 70  # t < BEFORE delivered first; up to DURING cut
 CUT_S = 15.0
 
@@ -113,7 +119,11 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
         "each key's values once each, in source order"
     pipeline.assert_running()
+    service, named = NAMED[link]
+    assert any("ready 503" in line and named in line for line in seen[service]), \
+        f"{service}'s /ready named the cut link ({named!r}) during the cut: {seen[service]}"
     print(f"\n[{link}] cut {CUT_S:.0f} s with transactions {BEFORE}..{DURING - 1} committed "
           f"meanwhile: {KEYS * TRANSACTIONS} changes in Redis once each, in order")
-    for name, lines in seen.items():
-        print(f"  {name} during the cut: " + " | ".join(sorted(set(lines))))
+    for name, lines in seen.items():  # one of each answer, whatever the seconds it gave
+        answers = {re.sub(r"failing for \d+ s", "failing for N s", line) for line in lines}
+        print(f"  {name} during the cut: " + " | ".join(sorted(answers)))

@@ -67,3 +67,20 @@ def test_a_health_answer_may_carry_its_own_status():
         assert get(f"{side.url}/health")[::2] == (200, "ok\n")
     finally:
         side.stop()
+
+
+def test_ready_names_why_not_when_the_check_says():
+    answer: dict[str, bool | tuple[bool, str]] = {
+        "ready": (False, "control service at 127.0.0.1:1 failing for 3 s: record epoch: "
+                         "UNAVAILABLE: postgresql://u:pw@h/db")}
+    side = start_http_side(0, lambda: (True, "ok"), lambda: answer["ready"])
+    try:
+        status, kind, body = get(f"{side.url}/ready")
+        assert (status, kind) == (503, "application/json")
+        assert json.loads(body) == {"status": "not ready", "reason": (
+            "control service at 127.0.0.1:1 failing for 3 s: record epoch: UNAVAILABLE: "
+            "postgresql://u:***@h/db")}
+        answer["ready"] = (True, "")
+        assert get(f"{side.url}/ready")[::2] == (200, "ready\n")
+    finally:
+        side.stop()

@@ -201,3 +201,14 @@ def test_a_checkpoint_takes_the_bus_generation_of_its_batch():
     assert _moved(old, new)
     again = committer.new_checkpoint("a", new, [{**rows[0], "end_offset": 45}])
     assert (again.bus_generation, dict(again.bus_offsets)) == (1, {0: 45, 1: 7})
+
+
+def test_ready_names_a_failing_sink_until_it_acknowledges_again():
+    health = PipelineHealth()
+    assert health.readiness() == (True, "")
+    health.sinks_done({"r1": False, "r2": True}, {"r1": "retryable: ConnectionError: refused"})
+    health.sinks_done({"r1": False, "r2": True}, {"r1": "retryable: ConnectionError: refused"})
+    assert health.readiness() == (
+        False, "sink r1 failed 2 batches in a row: retryable: ConnectionError: refused")
+    health.sinks_done({"r1": True, "r2": True}, {})
+    assert health.readiness() == (True, "")
