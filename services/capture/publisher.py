@@ -127,6 +127,7 @@ class BusPublisher:
         if self._bus_lost(latest):
             assert latest is not None
             self._open_generation(latest)
+        LINKS.ok(self._link)  # the bus answered (the topic was made or found before)
 
     def _open_generation(self, latest: control_pb2.Epoch) -> None:
         """The bus lost what this source published: publish from here on as the next bus

@@ -1,4 +1,4 @@
-"""A throwaway Redis without persistence, for tests and `make run`."""
+"""A throwaway Redis, without persistence unless asked, for tests and `make run`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ __all__ = ["RedisServer"]
 
 
 class RedisServer(DevServer):
-    """redis-server on 127.0.0.1:`port`; nothing is saved, so a restart starts empty."""
+    """redis-server on 127.0.0.1:`port`; nothing is saved, so a restart starts empty —
+    unless `appendonly`: every write goes to the append-only file and is fsynced before
+    Redis answers (`appendfsync always`), so a kill -9 and a start bring back every write
+    it acknowledged."""
 
     name: ClassVar[str] = "redis"
 
-    def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
+    def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0,
+                 appendonly: bool = False) -> None:
         super().__init__(port=port, startup_timeout=startup_timeout)
+        self.appendonly = appendonly
         self.binary = find_binary(
             "redis-server", package="redis-server", search_dirs=[Path("/usr/bin")]
         )
@@ -33,7 +38,8 @@ class RedisServer(DevServer):
             "--port", str(self.port),
             "--bind", self.host,
             "--save", "",
-            "--appendonly", "no",
+            *(["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly
+              else ["--appendonly", "no"]),
             "--dir", str(self.dir),
             "--daemonize", "no",
         ]  # fmt: skip
