@@ -147,16 +147,22 @@ class RunningPipeline:
 
     def http_health(self, name: str) -> tuple[int, dict[str, Any]]:
         """(status, JSON body or {}) of `/health` of a service started with `--http-port`."""
+        return self.http_side(name, "/health")
+
+    def http_side(self, name: str, path: str) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body or {}) of `path` (`/health`, `/ready`) of a service started
+        with `--http-port`."""
         marker = '"event": "http side port"'
         self.wait_for(lambda: self.log_count(name, marker) > 0, 60, f"{name}'s http side port")
         url = next(json.loads(line)["url"] for line in
                    (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
                    if marker in line)
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+            with urllib.request.urlopen(f"{url}{path}", timeout=10) as r:
                 return r.status, {}
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+            body = e.read()
+            return e.code, json.loads(body) if body.startswith(b"{") else {}
 
     def stream_entries(self, stream: str) -> list[dict[str, Any]]:
         client = redis.Redis.from_url(self.redis_url)

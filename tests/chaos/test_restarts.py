@@ -1,0 +1,114 @@
+"""Restarts mid-workload (issue 16, item 3), each counted: every change in Redis once, per
+key in source order, and no other process died.
+
+- A sink's server killed -9 and started again on its own data: Redis with its append-only
+  file fsynced at every write. The Redis sink keeps its checkpoint beside the entries, in
+  the same MULTI/EXEC, so what the restarted server holds and its checkpoint agree.
+- The control service killed -9 and started again on its SQLite file: capture and delivery
+  wait for it (their `/ready` names it meanwhile) and go on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from tailrace.devservers import RedisServer
+from tests.fix_pipeline import values_per_key, write_account_tx
+
+pytestmark = pytest.mark.chaos
+
+KEYS = 20
+KILLED_AT, STARTED_AT, TRANSACTIONS = 20, 40, 60  # transactions written before each step
+
+
+def test_redis_killed_and_started_on_its_append_only_file_loses_and_repeats_nothing(
+        pg_db: str, pg_redis_pipeline: Any) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    stream = "aof.acct"
+    with RedisServer(appendonly=True) as red:
+        pipeline = pg_redis_pipeline(
+            tables="[public.acct]",
+            sink=f'{{id: redis1, type: redis, url: "{red.url}", stream: "aof.{{table}}"}}')
+        pipeline.start_all()
+        pipeline.wait_capture_streaming()
+
+        def delivered_up_to() -> int:
+            values = values_per_key(red.url, stream)
+            return min((max(v) for v in values.values()), default=-1) \
+                if len(values) == KEYS else -1
+
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            for t in range(KILLED_AT):
+                write_account_tx(conn, t, KEYS)
+            # mid-stream: the first half delivered, the rest on its way
+            pipeline.wait_for(lambda: delivered_up_to() >= KILLED_AT // 2, 180,
+                              "the first changes in Redis")
+            red.kill()
+            refused = pipeline.log_count("delivery", "sink did not acknowledge")
+            for t in range(KILLED_AT, STARTED_AT):
+                write_account_tx(conn, t, KEYS)
+            pipeline.wait_for(
+                lambda: pipeline.log_count("delivery", "sink did not acknowledge") > refused,
+                180, "a batch the killed Redis did not acknowledge")
+            red.start()  # the same port, the same append-only file
+            for t in range(STARTED_AT, TRANSACTIONS):
+                write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
+                          "every change in Redis after it came back")
+        values = values_per_key(red.url, stream)
+        assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+            "each key's values once each, in source order"
+        pipeline.assert_running()
+        print(f"\nRedis (appendonly, appendfsync always) killed -9 with transactions up to "
+              f"{KILLED_AT - 1} written, started again after {STARTED_AT - KILLED_AT} more: "
+              f"{KEYS * TRANSACTIONS} changes in Redis once each, in order")
+
+
+def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
+        pg_db: str, pg_redis_pipeline: Any) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    pipeline = pg_redis_pipeline(tables="[public.acct]", stream="ctl.{table}")
+    pipeline.start("control")
+    pipeline.start("capture", "--http-port", "0")
+    pipeline.start("delivery", "--http-port", "0")
+    pipeline.wait_capture_streaming()
+
+    def delivered_up_to() -> int:
+        values = values_per_key(pipeline.redis_url, "ctl.acct")
+        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
+            else -1
+
+    def names_control(service: str) -> bool:
+        status, body = pipeline.http_side(service, "/ready")
+        return status == 503 and "control service at" in body.get("reason", "")
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(KILLED_AT):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() >= KILLED_AT // 2, 180,
+                          "the first changes in Redis")
+        pipeline.kill("control")
+        pipeline.procs.pop("control")  # down on purpose: not a process that died
+        for t in range(KILLED_AT, STARTED_AT):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: names_control("capture"), 120,
+                          "capture's /ready to name the control service")
+        pipeline.start("control")  # the same SQLite file
+        for t in range(STARTED_AT, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
+                      "every change in Redis after the control service came back")
+    values = values_per_key(pipeline.redis_url, "ctl.acct")
+    assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.wait_for(lambda: pipeline.http_side("capture", "/ready")[0] == 200, 60,
+                      "capture ready again")
+    pipeline.assert_running()
+    print(f"\ncontrol killed -9 with transactions up to {KILLED_AT - 1} written, started "
+          f"again after {STARTED_AT - KILLED_AT} more (capture's /ready named it meanwhile): "
+          f"{KEYS * TRANSACTIONS} changes in Redis once each, in order")
