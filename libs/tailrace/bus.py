@@ -184,10 +184,10 @@ class BusReader:
                    chunk: int = 4096) -> Iterator[tuple[list[int], list[bytes]]]:
         """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
         of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`. BusRangeGone
-        sooner, when nothing arrived for GONE_AFTER_S and the partition ends before `end`:
-        the range was planned from acknowledged records, so a bus without them lost them.
-        Not at the first empty read: the test broker gives a partition's end as one past the
-        start of its last batch, below the records after it in that batch."""
+        sooner, when nothing arrived for GONE_AFTER_S and the partition ends where the read
+        waits (or before): the range was planned from acknowledged records, so a bus without
+        them lost them. Not at the first empty read: the test broker gives a partition's end
+        as one past the start of its last batch, below the records after it in that batch."""
         self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []
@@ -210,7 +210,7 @@ class BusReader:
                 deadline = time.monotonic() + timeout_s
                 waiting_since = time.monotonic()
             elif time.monotonic() - waiting_since >= GONE_AFTER_S and \
-                    (high := self._end_or_none(partition)) is not None and high < end:
+                    (high := self._end_or_none(partition)) is not None and high <= next_offset:
                 raise BusRangeGone(f"bus {self.topic}[{partition}] ends at offset {high}, "
                                    f"before offsets {next_offset}..{end} planned from records "
                                    "it acknowledged: the bus lost them")

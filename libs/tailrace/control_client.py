@@ -197,8 +197,7 @@ class ControlClient:
                 if code in _REFUSED:
                     LINKS.ok(self._link)  # it answered
                     raise ControlRefused(message, code, details) from None
-                if code in _RETRIED:
-                    LINKS.failed(self._link, f"{what}: {code.name}: {details}")
+                LINKS.failed(self._link, f"{what}: {code.name}: {details}")
                 if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() >= next_look:
                     next_look = time.monotonic() + 5.0
                     mismatch = diagnose(self.address, details, self._tls, self._tls_settings)

@@ -33,11 +33,14 @@ class Links:
         self._lock = threading.Lock()
         self._failing: dict[str, Broken] = {}
 
-    def failed(self, link: str, error: str) -> None:
-        """A call over `link` failed with `error` (kept from the first failure in a row)."""
+    def failed(self, link: str, error: str, since: float | None = None) -> None:
+        """A call over `link` failed with `error`; `since`: when the failing began, if the
+        caller knows better than now (kept from the first failure in a row)."""
         with self._lock:
-            since = self._failing[link].since if link in self._failing else time.monotonic()
-            self._failing[link] = Broken(link, since, error)
+            if link in self._failing:
+                since = self._failing[link].since
+            self._failing[link] = Broken(link, time.monotonic() if since is None else since,
+                                         error)
 
     def ok(self, link: str) -> None:
         """A call over `link` went through."""
@@ -51,6 +54,11 @@ class Links:
         with self._lock:
             return sorted((b for b in self._failing.values() if now - b.since >= self.grace_s),
                           key=lambda b: b.since)
+
+    def clear(self) -> None:
+        """Forget every link (tests start from a clean process state)."""
+        with self._lock:
+            self._failing.clear()
 
     def reason(self, now: float | None = None) -> str:
         """The broken links in one line ("" when none)."""

@@ -31,7 +31,7 @@ from tailrace.links import LINKS
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2
 from tailrace.proto.event_pb2 import ChangeEvent, EpochMarker, Position
-from tailrace_services.capture.resume import AT_TIMEOUT_S, bus_lost_epoch
+from tailrace_services.capture.resume import AT_TIMEOUT_S, BusUnanswered, bus_lost_epoch
 
 log = get_logger(__name__)
 
@@ -72,8 +72,12 @@ def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], clie
                          on_delivery=acked)
     left = producer.flush(timeout_s)
     if errors or left or len(offsets) < len(markers):
-        raise RetryableError(f"cannot write to the bus to {why}: "
-                             f"{'; '.join(errors) or f'no answer within {timeout_s:.0f} s'}")
+        producer.purge()
+        producer.flush(0)
+        if errors:  # the broker answered, and refused
+            raise RetryableError(f"cannot write to the bus to {why}: {'; '.join(errors)}")
+        raise BusUnanswered(f"cannot write to the bus to {why}: no answer within "
+                            f"{timeout_s:.0f} s")
     return offsets
 
 
@@ -246,11 +250,8 @@ class BusPublisher:
             else:
                 acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
 
-        now_us = int(time.time() * 1_000_000)
-        for partition in range(self._partitions):
-            marker = EpochMarker(epoch_id=0, source_id=self._source_id, partition=partition,
-                                 ts_micros=now_us)
-            self._produce(None, encode_epoch(marker), partition, on_marker)
+        for marker in self._epoch_zero_markers():  # by this producer: before what it sends
+            self._produce(None, encode_epoch(marker), marker.partition, on_marker)
         deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
         while len(acked) < self._partitions:
             self._producer.poll(0.1)  # not `_wait`: the source's stream may not be started
@@ -260,16 +261,19 @@ class BusPublisher:
                                      f"{EPOCH_ACK_TIMEOUT_S:.0f} s")
         return acked
 
+    def _epoch_zero_markers(self) -> list[EpochMarker]:
+        now_us = int(time.time() * 1_000_000)
+        return [EpochMarker(epoch_id=0, source_id=self._source_id, partition=p, ts_micros=now_us)
+                for p in range(self._partitions)]
+
     def _bus_lost(self, latest: control_pb2.Epoch | None) -> bool:
         brokers, config = self._bus
 
         def probe() -> None:  # the topic may be gone with the broker's data: made again
             ensure_topic(brokers, self._topic, self._partitions, extra=config)
-            now_us = int(time.time() * 1_000_000)
-            write_markers(brokers, self._topic, [
-                EpochMarker(epoch_id=0, source_id=self._source_id, partition=p, ts_micros=now_us)
-                for p in range(self._partitions)], f"tailrace-capture-probe-{self._source_id}",
-                config, EPOCH_ACK_TIMEOUT_S, "look for the latest epoch's marker again")
+            write_markers(brokers, self._topic, self._epoch_zero_markers(),
+                          f"tailrace-capture-probe-{self._source_id}", config, AT_TIMEOUT_S,
+                          "look for the latest epoch's marker again")
 
         # briefly: the publisher does not keep the source's connection alive meanwhile
         return bus_lost_epoch(brokers, self._topic, self._partitions, self._source_id, latest,
@@ -282,6 +286,8 @@ class BusPublisher:
         lost = False
         with contextlib.suppress(*((RetryableError,) if unanswered_is_fine else ())):
             lost = self._bus_lost(self._control.latest_epoch(self._source_id))
+            if not lost:  # it answered, with our marker
+                LINKS.ok(self._link)
         if lost:
             raise RetryableError(f"the bus lost what this source published ({why}); starting "
                                  "again to republish from the sinks' checkpoint")
@@ -334,14 +340,15 @@ class BusPublisher:
                 if now > flight.deadline:
                     raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
                                          f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
-                if now - flight.sent_at >= LINKS.grace_s:
+                if now - flight.sent_at >= 1.0:  # not for every epoch on its way
                     LINKS.failed(self._link, f"epoch {flight.epoch.epoch_id} not acknowledged "
-                                 f"for {now - flight.sent_at:.0f} s")
+                                 f"for {now - flight.sent_at:.0f} s", since=flight.sent_at)
                 if now > flight.suspect_at:
                     flight.suspect_at = flight.deadline  # once: a slow bus is not asked again
                     self._check_bus(f"epoch {flight.epoch.epoch_id} not acknowledged within "
                                     f"{BUS_SUSPECT_S:.0f} s", unanswered_is_fine=True)
                 return
+            LINKS.ok(self._link)  # acknowledged: whatever the control service says next
             for partition, offset in flight.acked.items():
                 flight.epoch.end_offsets[partition] = offset
             try:
@@ -351,7 +358,6 @@ class BusPublisher:
                     self._check_bus(e.details)
                 raise
             self._in_flight.popleft()
-            LINKS.ok(self._link)
 
     def drain(self, keep: int = 0) -> None:
         """Wait until at most `keep` emitted epochs are not yet acknowledged and recorded."""
@@ -373,3 +379,4 @@ class BusPublisher:
         self._producer.purge()
         self._producer.flush(0)
         self._in_flight.clear()
+        LINKS.ok(self._link)  # the next session finds out again

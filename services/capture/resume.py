@@ -190,6 +190,8 @@ def bus_lost_epoch(brokers: str, topic: str, partitions: int, source_id: str,
         if present is False and probe is not None:
             try:
                 probe()
+            except BusUnanswered:
+                raise  # a slow bus is not a lost one
             except RetryableError as e:  # the bus answered, without our marker, and takes
                 log.warning("cannot write to the bus to look for the latest epoch's marker "
                             "again", error=str(e))  # nothing: not the bus we published on

@@ -75,10 +75,10 @@ def session_errors(source_id: str) -> ErrorHandler:
     def handle(error: Exception) -> Reconnect | Fail | Stop | None:
         if isinstance(error, StreamLostError):
             return Reconnect("binlog connection lost; reconnecting", link="source database")
-        if isinstance(error, SourceLostError | SourceUnreachableError | pymysql.err.MySQLError
-                      | OSError):
+        if isinstance(error, SourceLostError | SourceUnreachableError | pymysql.err.MySQLError) \
+                or (isinstance(error, OSError) and not isinstance(error, TimeoutError)):
             return Reconnect("capture interrupted; reconnecting", link="source database")
-        if isinstance(error, RetryableError):
+        if isinstance(error, RetryableError | TimeoutError):  # e.g. the bus, read in time
             return Reconnect("capture interrupted; reconnecting")
         return None
 

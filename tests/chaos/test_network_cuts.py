@@ -122,6 +122,8 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     service, named = NAMED[link]
     assert any("ready 503" in line and named in line for line in seen[service]), \
         f"{service}'s /ready named the cut link ({named!r}) during the cut: {seen[service]}"
+    pipeline.wait_for(lambda: "ready 200" in probe(pipeline, service), 30,
+                      f"{service}'s /ready 200 again once the link is back")
     print(f"\n[{link}] cut {CUT_S:.0f} s with transactions {BEFORE}..{DURING - 1} committed "
           f"meanwhile: {KEYS * TRANSACTIONS} changes in Redis once each, in order")
     for name, lines in seen.items():  # one of each answer, whatever the seconds it gave

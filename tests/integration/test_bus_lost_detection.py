@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from tailrace.bus import BusRangeGone, BusReader, ensure_topic, producer_config
 from tailrace.devservers import KafkaBroker
 from tailrace.errors import RetryableError
+from tailrace.links import LINKS
 from tailrace_services.capture.publisher import BUS_SUSPECT_S, BusPublisher
 from tests.fix_capture import Control
 from tests.fix_delivery import synthetic_tx
@@ -51,8 +52,11 @@ def test_a_publisher_whose_bus_restarted_empty_says_so_once_an_epoch_waits(
             publisher.publish_transaction(synthetic_tx(2, [1, 2, 3]))
             with pytest.raises(RetryableError) as caught:
                 publisher.drain()
+            # meanwhile /ready named the bus (`tailrace.links`) ...
+            assert [b.link for b in LINKS.broken()] == [f"bus at {broker.bootstrap}"]
         finally:
             publisher.abort()
+        assert LINKS.broken() == []  # ... until the session gave up on it
     assert str(caught.value) == (
         f"the bus lost what this source published (epoch 2 not acknowledged within "
         f"{BUS_SUSPECT_S:.0f} s); starting again to republish from the sinks' checkpoint")

@@ -26,3 +26,14 @@ def test_a_link_is_named_once_it_fails_longer_than_the_grace_period(monkeypatch)
     links.ok("bus at b:9")
     links.failed("bus at b:9", "again")  # a new run of failures starts its own clock
     assert links.broken() == []
+
+
+def test_a_caller_may_say_when_the_failing_began(monkeypatch):
+    now = [50.0]
+    monkeypatch.setattr("tailrace.links.time.monotonic", lambda: now[0])
+    links = Links(grace_s=2.0)
+    links.failed("bus at b:9", "epoch 3 not acknowledged for 1 s", since=49.0)
+    now[0] = 51.0  # 2 s after the epoch was sent: named now, not 2 s after the report
+    assert links.reason() == "bus at b:9 failing for 2 s: epoch 3 not acknowledged for 1 s"
+    links.clear()
+    assert links.broken() == []
