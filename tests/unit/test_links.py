@@ -37,3 +37,4 @@ def test_a_caller_may_say_when_the_failing_began(monkeypatch):
     assert links.reason() == "bus at b:9 failing for 2 s: epoch 3 not acknowledged for 1 s"
     links.clear()
     assert links.broken() == []
+
