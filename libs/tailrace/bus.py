@@ -108,7 +108,7 @@ class BusReadError(RetryableError):
     """The broker answered a read of the internal topic with an error."""
 
 
-GONE_AFTER_S = 5.0  # `read_range`: nothing arrived, the partition ends before the range
+GONE_AFTER_S = 5.0  # `read_range`: nothing arrived, and the partition ends where it waits
 
 
 class BusRangeGone(BusReadError):

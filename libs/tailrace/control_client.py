@@ -193,7 +193,7 @@ class ControlClient:
                 return answer
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
-                message = f"control service at {self.address}: {what} failed: {code.name}: {details}"
+                message = f"{self._link}: {what} failed: {code.name}: {details}"
                 if code in _REFUSED:
                     LINKS.ok(self._link)  # it answered
                     raise ControlRefused(message, code, details) from None

@@ -84,9 +84,8 @@ def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], clie
 @dataclass
 class _EpochInFlight:
     epoch: control_pb2.Epoch
-    sent_at: float
-    deadline: float
-    suspect_at: float  # then the bus is checked (`_record_acked_epochs`), once
+    sent_at: float  # time.monotonic()
+    bus_checked: bool = False  # once it waited BUS_SUSPECT_S (`_record_acked_epochs`)
     acked: dict[int, int] = field(default_factory=dict)  # partition -> offset after the marker
 
 
@@ -140,7 +139,12 @@ class BusPublisher:
         was running when the bus lost its data left on the new topic comes before it, and
         is not read). The caller resumes from the sinks' checkpoint, so everything they
         have not acknowledged is published again."""
-        acked = self._zero_markers()
+        # by a producer of its own, acknowledged before this one sends anything: the
+        # generation's start comes before all it publishes
+        acked = {p: o + 1 for p, o in write_markers(
+            self._bus[0], self._topic, self._epoch_zero_markers(),
+            f"tailrace-capture-generation-{self._source_id}", self._bus[1],
+            EPOCH_ACK_TIMEOUT_S, "start a new bus generation").items()}
         self.generation, self.generation_start = latest.bus_generation + 1, acked
         self.generation_opened = True
         lost = ", ".join(f"partition {p} up to offset {o:,}"
@@ -239,28 +243,6 @@ class BusPublisher:
             # is published; the check reads at most AT_TIMEOUT_S when the bus is up
             self._check_bus("checked while idle", unanswered_is_fine=True)
 
-    def _zero_markers(self) -> dict[int, int]:
-        """A marker of epoch 0 (it names nothing: delivery and the resume rule skip it) on
-        every partition; the offsets after them, as the broker acknowledged them."""
-        acked: dict[int, int] = {}
-
-        def on_marker(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self._on_delivery(err, msg)
-            else:
-                acked[cast(int, msg.partition())] = cast(int, msg.offset()) + 1
-
-        for marker in self._epoch_zero_markers():  # by this producer: before what it sends
-            self._produce(None, encode_epoch(marker), marker.partition, on_marker)
-        deadline = time.monotonic() + EPOCH_ACK_TIMEOUT_S
-        while len(acked) < self._partitions:
-            self._producer.poll(0.1)  # not `_wait`: the source's stream may not be started
-            self._check()
-            if time.monotonic() > deadline:
-                raise RetryableError("bus did not acknowledge markers of epoch 0 within "
-                                     f"{EPOCH_ACK_TIMEOUT_S:.0f} s")
-        return acked
-
     def _epoch_zero_markers(self) -> list[EpochMarker]:
         now_us = int(time.time() * 1_000_000)
         return [EpochMarker(epoch_id=0, source_id=self._source_id, partition=p, ts_micros=now_us)
@@ -312,8 +294,7 @@ class BusPublisher:
                               source_ts_unix_ms=self._last_source_ms,
                               bus_generation=self.generation,
                               generation_start=self.generation_start),
-            sent_at=time.monotonic(), deadline=time.monotonic() + EPOCH_ACK_TIMEOUT_S,
-            suspect_at=time.monotonic() + BUS_SUSPECT_S)
+            sent_at=time.monotonic())
 
         def on_marker(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -336,15 +317,15 @@ class BusPublisher:
         while self._in_flight:
             flight = self._in_flight[0]
             if len(flight.acked) < self._partitions:
-                now = time.monotonic()
-                if now > flight.deadline:
+                waited = time.monotonic() - flight.sent_at
+                if waited > EPOCH_ACK_TIMEOUT_S:
                     raise RetryableError(f"bus did not acknowledge epoch {flight.epoch.epoch_id} "
                                          f"within {EPOCH_ACK_TIMEOUT_S:.0f} s")
-                if now - flight.sent_at >= 1.0:  # not for every epoch on its way
+                if waited >= 1.0:  # not for every epoch on its way
                     LINKS.failed(self._link, f"epoch {flight.epoch.epoch_id} not acknowledged "
-                                 f"for {now - flight.sent_at:.0f} s", since=flight.sent_at)
-                if now > flight.suspect_at:
-                    flight.suspect_at = flight.deadline  # once: a slow bus is not asked again
+                                 f"for {waited:.0f} s", since=flight.sent_at)
+                if waited > BUS_SUSPECT_S and not flight.bus_checked:
+                    flight.bus_checked = True  # once: a slow bus is not asked again
                     self._check_bus(f"epoch {flight.epoch.epoch_id} not acknowledged within "
                                     f"{BUS_SUSPECT_S:.0f} s", unanswered_is_fine=True)
                 return
