@@ -137,7 +137,14 @@ class BatchCommitter:
             old.bus_generation == generation else dict(generation_start or {})
         for p, o in offsets.items():
             cp.bus_offsets[p] = o
+        for p, pos in old.sink_stored.items() if old is not None else ():
+            cp.sink_stored[p].CopyFrom(pos)  # source positions: of no bus generation
         for row in rows:
+            for o in json.loads(row["outcomes"]):
+                if o["sink_id"] == sink_id and o.get("stored") is not None:
+                    tx_seq, event_index = o["stored"]
+                    cp.sink_stored[row["partition"]].CopyFrom(
+                        Position(tx_seq=tx_seq, event_index=event_index))
             if row["end_offset"] >= 0:
                 cp.bus_offsets[row["partition"]] = max(cp.bus_offsets.get(row["partition"], 0),
                                                        row["end_offset"])

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from tailrace.config import PipelineSpec
 from tailrace.logs import setup_from_env
-from tailrace.proto.event_pb2 import Position
+from tailrace.proto.control_pb2 import Checkpoint
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
@@ -64,31 +64,29 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
-                    rewinds: dict[str, int] | None = None
+def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
                     ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function for one batch; `checkpoints` are serialized sink positions,
-    `rewinds` the rewind generations of the sinks' checkpoints.
+    """The mapInArrow function for one batch; `checkpoints` are the sinks' serialized
+    control checkpoints (`Checkpoint`), None for a sink without one.
 
     A partial of a module-level function, so Spark pickles it by reference.
     """
-    return functools.partial(deliver_batches, pipeline, checkpoints, rewinds or {})
+    return functools.partial(deliver_batches, pipeline, checkpoints)
 
 
 def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
-                    rewinds: dict[str, int], batches: Iterator[pa.RecordBatch]
-                    ) -> Iterator[pa.RecordBatch]:
+                    batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     setup_from_env("delivery")  # a Spark Python worker: log as the service does
-    positions = {k: (Position.FromString(v) if v is not None else None)
-                 for k, v in checkpoints.items()}
+    read = {k: (Checkpoint.FromString(v) if v is not None else None)
+            for k, v in checkpoints.items()}
     ranges = [row for batch in batches for row in batch.to_pylist()]  # one per task
     for row in ranges:
-        yield deliver_range(pipeline, positions, rewinds, row["partition"], row["start"],
-                            row["end"], row["generation"], row["epoch"])
+        yield deliver_range(pipeline, read, row["partition"], row["start"], row["end"],
+                            row["generation"], row["epoch"])
 
 
-def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
-                  rewinds: dict[str, int], partition: int, start: int, end: int,
+def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | None],
+                  partition: int, start: int, end: int,
                   generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
     """Read the bus partition's offsets [start, end) here and deliver them; `generation`:
     the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
@@ -104,11 +102,15 @@ def deliver_range(pipeline: PipelineSpec, positions: dict[str, Position | None],
         records.extend(zip(offsets, values, strict=True))
     read_ms = (time.monotonic() - started) * 1000
     try:
-        result = deliver_slice(partition, records, _sinks(pipeline), positions,
-                               pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
-                               processors=_chain(pipeline),
-                               journal=spec.journal.enabled, rewinds=rewinds,
-                               ends_with_epoch=epoch_id)
+        result = deliver_slice(
+            partition, records, _sinks(pipeline),
+            {k: (cp.position if cp is not None else None) for k, cp in checkpoints.items()},
+            pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
+            processors=_chain(pipeline), journal=spec.journal.enabled,
+            rewinds={k: cp.rewind for k, cp in checkpoints.items() if cp is not None},
+            acked={k: cp.sink_stored[partition] for k, cp in checkpoints.items()
+                   if cp is not None and partition in cp.sink_stored},
+            ends_with_epoch=epoch_id)
     except Exception:
         close_sinks(pipeline.name)  # reconnect on the retry
         raise

@@ -6,6 +6,12 @@ reached it. A sink raises Tailrace errors (`sinks/base.py`): a `RetryableError` 
 retried with backoff and jitter (the sink's policy); after the last attempt, or on a
 `NonRetryableError`, the sink stops here for this slice and its checkpoint stays where
 it was; a `FatalError` or a `ConfigError` stops the pipeline.
+
+An exactly-once sink's own stored checkpoint must not be behind what it acknowledged
+storing (`acked`, kept in the control service's checkpoint, then each batch it wrote):
+checked when the slice starts and inside each write (`BatchCommit.floor`). Behind, the sink
+lost writes it had acknowledged, and going on would leave the gap for good: the pipeline
+stops with both positions and the way back (`exactly_once.SinkLostWrites`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
@@ -29,6 +35,7 @@ from tailrace_services.delivery.sinks.base import (
     class_name,
     error_class,
 )
+from tailrace_services.delivery.sinks.exactly_once import ExactlyOnceSink, SinkLostWrites
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -45,6 +52,9 @@ class SinkOutcome:
     error: str = ""
     write_s: float = 0.0        # time spent writing (incl. retries)
     e2e_ms_max: float = 0.0     # source commit -> sink ack, worst event
+    # exactly-once sinks: the position key the sink's stored checkpoint is at once the
+    # slice is written (what the control checkpoint keeps as `sink_stored`)
+    stored: tuple[int, int] | None = None
     dead_letters: list[tuple[ChangeEvent, str]] = field(default_factory=list)
 
 
@@ -62,10 +72,12 @@ def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeE
 def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after: Position | None,
                     commit_for: Callable[[Sink, Position], BatchCommit],
                     dead_letter: bool, sleep: Callable[[float], None] | None = None,
-                    partition: int = 0, rewind: int = 0) -> SinkOutcome:
+                    partition: int = 0, rewind: int = 0,
+                    acked: Position | None = None) -> SinkOutcome:
     """All batches to one sink, in order; never raises except FatalError and ConfigError.
     `rewind`: the rewind generation of the sink's control checkpoint (which stored checkpoint
-    to read)."""
+    to read); `acked`: where the control checkpoint says the sink's stored checkpoint is, at
+    least, in this partition (exactly-once sinks)."""
     outcome = SinkOutcome(sink.id, sink.required)
     hwm = position_key(after) if after is not None else (-1, -1)
     started = time.monotonic()
@@ -73,13 +85,19 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
         stored = _retry(sink, lambda: _open(sink, partition, rewind), sleep)
     except Exception as e:  # noqa: BLE001 - classified in _give_up
         return _give_up(sink, outcome, e)
+    floor: Position | None = None
+    if isinstance(sink, ExactlyOnceSink):
+        if acked is not None:
+            SinkLostWrites.check(sink.id, replace(commit_for(sink, acked), floor=acked), stored)
+        floor = stored
     if stored is not None and position_key(stored) > hwm:
         # the sink committed further than the control service knows
         if dead_letter:
             _dead_letters_again(sink, batches, hwm, position_key(stored), outcome)
         hwm = position_key(stored)
     try:
-        return _deliver_batches(sink, batches, hwm, commit_for, dead_letter, sleep, outcome)
+        return _deliver_batches(sink, batches, hwm, floor, commit_for, dead_letter, sleep,
+                                outcome)
     finally:
         outcome.write_s = time.monotonic() - started
 
@@ -125,6 +143,8 @@ def _give_up(sink: Sink, outcome: SinkOutcome, error: Exception) -> SinkOutcome:
     cls = error_class(error)
     if cls is ConfigError:
         raise error  # names the sink and the setting already
+    if isinstance(error, SinkLostWrites):
+        raise error  # names the sink and the way back already
     if cls is FatalError:
         raise FatalError(f"sink {sink.id}: {error}") from error
     outcome.acked = False
@@ -136,18 +156,25 @@ def _give_up(sink: Sink, outcome: SinkOutcome, error: Exception) -> SinkOutcome:
 
 
 def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: tuple[int, int],
-                     commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
-                     sleep: Callable[[float], None] | None, outcome: SinkOutcome) -> SinkOutcome:
+                     floor: Position | None, commit_for: Callable[[Sink, Position], BatchCommit],
+                     dead_letter: bool, sleep: Callable[[float], None] | None,
+                     outcome: SinkOutcome) -> SinkOutcome:
+    """`floor`: an exactly-once sink's stored checkpoint, as read when the slice started,
+    then moved by each batch it wrote (None: it stores none, or not yet)."""
     for batch in batches:
         todo = _pending(batch, hwm)
         outcome.skipped += len(batch) - len(todo)
         if not todo:
             continue
-        commit = commit_for(sink, todo[-1].position)
+        commit = replace(commit_for(sink, todo[-1].position), floor=floor)
         try:
-            _retry(sink, partial(_write, sink, todo, commit, dead_letter, outcome), sleep)
+            written = _retry(sink, partial(_write, sink, todo, commit, dead_letter, outcome),
+                             sleep)
         except Exception as e:  # noqa: BLE001 - classified in _give_up
             return _give_up(sink, outcome, e)
+        if written and isinstance(sink, ExactlyOnceSink):
+            floor = commit.position
+        outcome.stored = position_key(floor) if floor is not None else None
         outcome.delivered += len(todo)
         hwm = position_key(todo[-1].position)
         acked_us = time.time() * 1e6
@@ -158,8 +185,9 @@ def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: 
 
 
 def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_letter: bool,
-           outcome: SinkOutcome) -> None:
-    """One write; per-event failures go to the dead letters (when allowed) and the rest is resent."""
+           outcome: SinkOutcome) -> bool:
+    """One write; per-event failures go to the dead letters (when allowed) and the rest is
+    resent. False when nothing was written (every event a dead letter)."""
     try:
         sink.write(events, commit)
     except PerEventError as e:
@@ -169,24 +197,29 @@ def _write(sink: Sink, events: list[ChangeEvent], commit: BatchCommit, dead_lett
         outcome.dead_letters.extend((events[i], f"sink {sink.id}: {reason}")
                                     for i, reason in e.failures)
         rest = [ev for i, ev in enumerate(events) if i not in bad]
-        if rest:
-            sink.write(rest, commit)
+        if not rest:
+            return False
+        sink.write(rest, commit)
+    return True
 
 
 def fan_out(sinks: Sequence[Sink], batches: Sequence[Sequence[ChangeEvent]],
             checkpoints: dict[str, Position | None],
             commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
-            partition: int = 0, rewinds: dict[str, int] | None = None) -> list[SinkOutcome]:
+            partition: int = 0, rewinds: dict[str, int] | None = None,
+            acked: dict[str, Position] | None = None) -> list[SinkOutcome]:
     """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError or a
     ConfigError.
-    `rewinds`: each sink's rewind generation (default 0)."""
-    rewinds = rewinds or {}
+    `rewinds`: each sink's rewind generation (default 0); `acked`: what each exactly-once
+    sink acknowledged storing in this partition (`deliver_to_sink`)."""
+    rewinds, acked = rewinds or {}, acked or {}
+
+    def one(sink: Sink) -> SinkOutcome:
+        return deliver_to_sink(sink, batches, checkpoints.get(sink.id), commit_for, dead_letter,
+                               partition=partition, rewind=rewinds.get(sink.id, 0),
+                               acked=acked.get(sink.id))
+
     if len(sinks) == 1:
-        return [deliver_to_sink(sinks[0], batches, checkpoints.get(sinks[0].id), commit_for,
-                                dead_letter, partition=partition,
-                                rewind=rewinds.get(sinks[0].id, 0))]
+        return [one(sinks[0])]
     with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="sink") as pool:
-        futures = [pool.submit(deliver_to_sink, s, batches, checkpoints.get(s.id), commit_for,
-                               dead_letter, None, partition, rewinds.get(s.id, 0))
-                   for s in sinks]
-        return [f.result() for f in futures]
+        return list(pool.map(one, sinks))

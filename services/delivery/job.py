@@ -39,6 +39,7 @@ says so to the control service, and `run` raises it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import shutil
@@ -72,6 +73,7 @@ LAG_EVERY_S = 5.0
 PAUSE_CHECK_S = 2.0  # how often the driver asks whether an operator paused the pipeline
 _NON_RETRYABLE = re.compile(r"\bNonRetryableError\b")
 _CONFIG_ERROR = re.compile(r"\bConfigError: ")
+_RAISED = re.compile(r"^((?:tailrace|tailrace_services)(?:\.\w+)*)\.(\w+): (.+)$", re.M)
 
 
 def spark_session(app: str, master: str) -> Any:
@@ -150,10 +152,9 @@ class DeliveryJob:
             self.restart_reason = "paused"
             return
         before = self.committer.read()
-        positions = {k: (v.position.SerializeToString() if v is not None else None)
-                     for k, v in before.items()}
-        rewinds = {k: v.rewind for k, v in before.items() if v is not None and v.rewind}
-        rows = df.mapInArrow(make_deliver_fn(self.pipeline, positions, rewinds),
+        checkpoints = {k: (v.SerializeToString() if v is not None else None)
+                       for k, v in before.items()}
+        rows = df.mapInArrow(make_deliver_fn(self.pipeline, checkpoints),
                              RESULT_SCHEMA).collect()
         delivered_at = time.monotonic()
         report = self.committer.summarize(rows)
@@ -350,8 +351,9 @@ def _queries(job: DeliveryJob, spark: Any, master: str, should_stop: Callable[[]
                 health.fatal(f"configuration error: {reason}")
                 job.publish_health()
                 raise ConfigError(reason) from None
-            if "FatalError" in text or isinstance(e, FatalError):
-                reason = _first_line(text, "FatalError")
+            fatal = _raised(text, FatalError)
+            if fatal or "FatalError" in text or isinstance(e, FatalError):
+                reason = fatal or _first_line(text, "FatalError")
                 health.fatal(reason)
                 job.publish_health()
                 raise FatalError(reason) from None
@@ -392,6 +394,20 @@ def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:
     deadline = time.monotonic() + seconds
     while not should_stop() and time.monotonic() < deadline:
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
+
+
+def _raised(text: str, base: type[Exception]) -> str | None:
+    """The message of the first error of class `base`, or of a subclass, that a Python
+    worker's traceback in `text` names by its module path (`tailrace_services.delivery.
+    sinks.exactly_once.SinkLostWrites: ...`): Spark hands back only the text."""
+    for module, name, message in _RAISED.findall(text):
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and issubclass(cls, base):
+            return message.strip()[:500]
+    return None
 
 
 def _first_line(text: str, marker: str) -> str:

@@ -76,10 +76,12 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                   checkpoints: dict[str, Position | None], *, pipeline: str = "",
                   source_id: str = "", batch: BatchSpec | None = None,
                   processors: ProcessorChain | None = None, journal: bool = False,
-                  rewinds: dict[str, int] | None = None, ends_with_epoch: int = 0
-                  ) -> SliceResult:
+                  rewinds: dict[str, int] | None = None, ends_with_epoch: int = 0,
+                  acked: dict[str, Position] | None = None) -> SliceResult:
     """Process and fan the slice out; sink failures are reported in `outcomes`, not raised.
-    `rewinds`: each sink's checkpoint rewind generation (see `BatchCommit.rewind`)."""
+    `rewinds`: each sink's checkpoint rewind generation (see `BatchCommit.rewind`);
+    `acked`: what each exactly-once sink acknowledged storing in this partition
+    (`fanout.deliver_to_sink`)."""
     events, result = decode_slice(partition, records, ends_with_epoch)
     if processors:
         floor = min((position_key(p) for p in checkpoints.values() if p is not None),
@@ -102,7 +104,7 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                            rewind=(rewinds or {}).get(sink.id, 0))
 
     result.outcomes = fan_out(sinks, batches, checkpoints, commit_for, dead_letter=journal,
-                              partition=partition, rewinds=rewinds)
+                              partition=partition, rewinds=rewinds, acked=acked)
     for outcome in result.outcomes:
         result.dead_letters.extend((outcome.sink_id, e, r) for e, r in outcome.dead_letters)
     return result

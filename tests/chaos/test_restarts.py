@@ -6,17 +6,22 @@ key in source order, and no other process died.
   the same MULTI/EXEC, so what the restarted server holds and its checkpoint agree.
 - The control service killed -9 and started again on its SQLite file: capture and delivery
   wait for it (their `/ready` names it meanwhile) and go on.
+- Redis without persistence killed -9 and started empty: the sink lost writes it had
+  acknowledged. Delivery stops with both positions and the way back rather than write on
+  past the gap; the way back it names (pause, rewind --reset, resume) brings every change.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
 import pytest
 
 from tailrace.devservers import RedisServer
-from tests.fix_pipeline import values_per_key, write_account_tx
+from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -112,3 +117,69 @@ def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
     print(f"\ncontrol killed -9 with transactions up to {KILLED_AT - 1} written, started "
           f"again after {STARTED_AT - KILLED_AT} more (capture's /ready named it meanwhile): "
           f"{KEYS * TRANSACTIONS} changes in Redis once each, in order")
+
+
+def _cli(pipeline: RunningPipeline, *argv: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_redis_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_all_back(
+        pg_db: str, pg_redis_pipeline: Any) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    stream = "lost.acct"
+    with RedisServer() as red:  # nothing saved: a restart starts empty
+        pipeline = pg_redis_pipeline(
+            tables="[public.acct]",
+            sink=f'{{id: redis1, type: redis, url: "{red.url}", stream: "lost.{{table}}"}}')
+        name = pipeline.spec_path.stem
+        pipeline.start_all()
+        control = pipeline.control_client()
+
+        def acknowledged_stored() -> int:
+            cp = control.get_checkpoint(f"src-{name}", "redis1")
+            return cp.sink_stored[0].tx_seq if cp is not None and 0 in cp.sink_stored else 0
+
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            for t in range(KILLED_AT):
+                write_account_tx(conn, t, KEYS)
+            pipeline.wait_for(lambda: acknowledged_stored() > 0, 180,
+                              "a batch Redis acknowledged storing, in the control checkpoint")
+            before_kill = acknowledged_stored()
+            red.kill()
+            red.start()  # empty: what it acknowledged is gone
+            for t in range(KILLED_AT, STARTED_AT):
+                write_account_tx(conn, t, KEYS)
+        code = pipeline.exit_code("delivery", 180)
+        log = (pipeline.dir / "delivery.log").read_text(errors="replace")
+        assert code != 0 and "sink redis1 lost writes it had acknowledged" in log, \
+            pipeline.log_tail("delivery")
+        assert f"tailrace rewind {name} redis1 --reset --confirm redis1" in log
+        assert values_per_key(red.url, stream) == {}, "nothing written past the gap"
+
+        _cli(pipeline, "pause", name)
+        _cli(pipeline, "rewind", name, "redis1", "--reset", "--confirm", "redis1")
+        _cli(pipeline, "resume", name)
+        pipeline.start("delivery")
+
+        def delivered_up_to() -> int:
+            values = values_per_key(red.url, stream)
+            return min((max(v) for v in values.values()), default=-1) \
+                if len(values) == KEYS else -1
+
+        pipeline.wait_for(lambda: delivered_up_to() == STARTED_AT - 1, 300,
+                          "every change in Redis after the rewind")
+        assert values_per_key(red.url, stream) == {
+            k: list(range(STARTED_AT)) for k in range(KEYS)}, \
+            "each key's values once each, in source order"
+        pipeline.wait_for(lambda: acknowledged_stored() > before_kill, 60,
+                          "the rewound checkpoint to record what Redis stores again")
+        pipeline.assert_running()
+        print(f"\nRedis (no persistence) killed -9 and started empty after the control "
+              f"checkpoint recorded tx {before_kill} stored: delivery stopped "
+              f"(exit {code}) naming the gap; pause, rewind --reset, resume: "
+              f"{KEYS * STARTED_AT} changes in Redis once each, in order")

@@ -132,6 +132,7 @@ def commit(client: ControlClient, sink: str, seq: int, offset: int) -> None:
     new = pb.Checkpoint(pipeline="orders", source_id="shop-pg", sink_id=sink)
     new.position.tx_seq = seq
     new.bus_offsets[0] = offset
+    new.sink_stored[0].tx_seq = seq
     assert client.commit_checkpoint(new, cp.version if cp else 0)[0]
 
 
@@ -163,6 +164,8 @@ def test_rewind_needs_confirmation_and_a_paused_pipeline(admin):
     r = admin.rewind("orders", "kafka-main", confirm="kafka-main", to_sequence=25)
     assert (r.before.position.tx_seq, r.after.position.tx_seq) == (30, 20)
     assert dict(r.after.bus_offsets) == {0: 200}, "back to the epoch's bus offsets"
+    assert dict(r.before.sink_stored) and not dict(r.after.sink_stored), \
+        "a rewound sink is not held to what it stored before"
     r = admin.rewind("orders", "kafka-main", confirm="kafka-main", reset=True)
     cp = admin.get_checkpoint("shop-pg", "kafka-main")
     assert (cp.position.tx_seq, dict(cp.bus_offsets), cp.version) == (0, {}, 3)

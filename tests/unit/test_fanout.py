@@ -187,3 +187,60 @@ def test_dead_letters_lost_with_a_task_are_found_again_in_what_the_sink_holds() 
     (caught_up,) = fan_out([sink], [events], {"k": events[-1].position}, commit_for,
                            dead_letter=True)
     assert caught_up.dead_letters == [], "once the control service's checkpoint covers them"
+
+
+def test_exactly_once_sink_reports_what_it_stored_and_dead_letters_alone_store_nothing():
+    events = [ChangeEvent(id=f"e{i}", table="bad" if i == 2 else "t",
+                          position=Position(tx_seq=1, event_index=i)) for i in range(3)]
+    sink = AtomicPickySink()
+    (outcome,) = fan_out([sink], [events[:2], events[2:]], {"k": None}, commit_for,
+                         dead_letter=True)
+    assert outcome.acked and sink.rows == ["e0", "e1"]
+    assert outcome.stored == (1, 1), "the batch of only a dead letter stored nothing"
+    plain = FlakySink("f")
+    (outcome,) = fan_out([plain], batches(), {"f": None}, commit_for, dead_letter=False)
+    assert outcome.stored is None, "a sink that keeps no checkpoint reports none"
+
+
+@pytest.mark.parametrize("stored", [None, Position(tx_seq=2, event_index=1)])
+def test_a_sink_behind_what_it_acknowledged_stops_the_pipeline(stored):
+    """The sink acknowledged storing tx 3.1 (the control checkpoint's `sink_stored`) but its
+    own checkpoint says less: it lost acknowledged writes (a broker restarted without its
+    log). Writing on would leave the gap for good; nothing is written."""
+    sink = AtomicPickySink()
+    sink.stored = stored
+    with pytest.raises(FatalError, match=r"sink k lost writes it had acknowledged: on bus "
+                                         r"partition 0 .* acknowledged storing tx 3\.1.*"
+                                         r"tailrace rewind p k --"):
+        fan_out([sink], batches(), {"k": Position(tx_seq=3, event_index=1)}, commit_for,
+                dead_letter=False, acked={"k": Position(tx_seq=3, event_index=1)})
+    assert sink.rows == []
+
+
+def test_a_sink_at_or_past_what_it_acknowledged_goes_on():
+    sink = AtomicPickySink()
+    sink.stored = Position(tx_seq=2, event_index=1)  # past the control checkpoint: a crash
+    (outcome,) = fan_out([sink], batches(), {"k": Position(tx_seq=1, event_index=1)},
+                         commit_for, dead_letter=False,
+                         acked={"k": Position(tx_seq=1, event_index=1)})
+    assert outcome.acked and outcome.skipped == 4 and outcome.stored == (3, 1)
+
+
+def test_a_sink_that_loses_a_batch_it_acknowledged_within_the_slice_stops_the_pipeline():
+    """Checked inside each write too: the first batch stored tx 1.1; the sink is then emptied
+    (a server restarted without its data), and the next write finds its checkpoint gone."""
+    sink = AtomicPickySink()
+    original = sink.begin
+
+    @contextmanager
+    def emptied_after_first(commit: BatchCommit) -> Iterator[AtomicWrite]:
+        if sink.rows:
+            sink.rows, sink.stored = [], None
+        with original(commit) as unit:
+            yield unit
+
+    sink.begin = emptied_after_first  # type: ignore[method-assign]
+    with pytest.raises(FatalError, match=r"^sink k lost writes it had acknowledged: .* holds "
+                                         r"nothing .* storing tx 1\.1.*--reset --confirm k"):
+        fan_out([sink], batches(), {"k": None}, commit_for, dead_letter=False)
+    assert sink.rows == [], "nothing written past the gap"

@@ -3,6 +3,8 @@ degraded after restarts in a row without a checkpoint advancing, cleared by prog
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tailrace.config import parse_pipeline
@@ -195,12 +197,31 @@ def test_a_checkpoint_takes_the_bus_generation_of_its_batch():
     committer = BatchCommitter(parse_pipeline(spec), None)  # type: ignore[arg-type]
     old = pb.Checkpoint(sink_id="a", bus_offsets={0: 500, 1: 400})
     old.position.tx_seq = 5
-    rows = [{"partition": 0, "generation": 1, "end_offset": 30, "epoch_position": None}]
+    rows = [{"partition": 0, "generation": 1, "end_offset": 30, "epoch_position": None,
+             "outcomes": "[]"}]
     new = committer.new_checkpoint("a", old, rows, generation_start={0: 12, 1: 7})
     assert (new.bus_generation, dict(new.bus_offsets)) == (1, {0: 30, 1: 7})
     assert _moved(old, new)
     again = committer.new_checkpoint("a", new, [{**rows[0], "end_offset": 45}])
     assert (again.bus_generation, dict(again.bus_offsets)) == (1, {0: 45, 1: 7})
+
+
+def test_a_checkpoint_keeps_what_each_partition_of_the_sink_stored():
+    """`sink_stored` moves with the outcomes of this sink's partitions and is carried
+    forward, across bus generations too (its positions are the source's)."""
+    spec = SPEC.format(policy="required", optional="false")
+    committer = BatchCommitter(parse_pipeline(spec), None)  # type: ignore[arg-type]
+    old = pb.Checkpoint(sink_id="a", bus_generation=0)
+    old.sink_stored[0].tx_seq, old.sink_stored[1].tx_seq = 4, 3
+
+    def row(partition: int, stored: list[int] | None) -> dict[str, object]:
+        outcomes = [{"sink_id": "a", "stored": stored}, {"sink_id": "b", "stored": [99, 0]}]
+        return {"partition": partition, "generation": 1, "end_offset": 10,
+                "epoch_position": None, "outcomes": json.dumps(outcomes)}
+
+    new = committer.new_checkpoint("a", old, [row(0, [7, 2]), row(1, None)])
+    assert {p: (s.tx_seq, s.event_index) for p, s in new.sink_stored.items()} == {
+        0: (7, 2), 1: (3, 0)}
 
 
 def test_ready_names_a_failing_sink_until_it_acknowledges_again():

@@ -67,6 +67,10 @@ class BatchCommit:
     # The control checkpoint's rewind generation: a sink that stores its checkpoint beside
     # the data keeps one per generation, so a rewound sink does not skip what it had.
     rewind: int = 0
+    # Where such a sink's stored checkpoint is at least: what it acknowledged storing
+    # (the control checkpoint's `sink_stored`, then each batch of the slice it wrote).
+    # Found behind, the sink lost acknowledged writes (`exactly_once.SinkLostWrites`).
+    floor: Position | None = None
 
 
 class PerEventError(NonRetryableError):

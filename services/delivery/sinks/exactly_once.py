@@ -15,6 +15,11 @@ A crash anywhere leaves both or neither, so the next attempt reads the checkpoin
 skips exactly what was written. A write without a `BatchCommit` (a tool, a test)
 writes every event as it comes: at-least-once (`write_unchecked`).
 
+The stored checkpoint read in step 1 is also checked against `BatchCommit.floor`, what the
+sink acknowledged storing: found behind, the sink lost writes it had acknowledged (a server
+restarted without its log, a restored backup) and the pipeline stops (`SinkLostWrites`)
+rather than write on past the gap.
+
 A failed write goes through `write_failed`, where the sink drops what the failure
 spoiled (a connection, a producer) and turns the error into a Tailrace error; it is
 raised outside the `except` block, so no traceback keeps the spoiled client alive.
@@ -26,14 +31,43 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
-from tailrace.events import ChangeEvent, Position
+from tailrace.errors import FatalError
+from tailrace.events import ChangeEvent, Position, position_key
 from tailrace.logs import get_logger
 from tailrace_services.delivery.sinks._common import advances, fresh_indexes
 from tailrace_services.delivery.sinks.base import BatchCommit, Sink
 
-__all__ = ["AtomicWrite", "ExactlyOnceSink"]
+__all__ = ["AtomicWrite", "ExactlyOnceSink", "SinkLostWrites"]
 
 log = get_logger(__name__)
+
+
+class SinkLostWrites(FatalError):
+    """An exactly-once sink's stored checkpoint is behind what it acknowledged storing:
+    writes it had acknowledged are gone from it. Says how to deliver them again."""
+
+    def __init__(self, sink_id: str, pipeline: str, partition: int, stored: Position | None,
+                 acked: Position) -> None:
+        held = (f"tx {stored.tx_seq}.{stored.event_index}" if stored is not None
+                else "nothing (no checkpoint at all)")
+        back = f"--to-sequence {stored.tx_seq}" if stored is not None else "--reset"
+        super().__init__(
+            f"sink {sink_id} lost writes it had acknowledged: on bus partition {partition} "
+            f"its stored checkpoint holds {held}, but it acknowledged storing tx "
+            f"{acked.tx_seq}.{acked.event_index}; the changes in between are gone from it "
+            "(was it restarted without its log, or restored from a backup?). Delivery stops "
+            "rather than write on past the gap. To deliver them again: "
+            f"tailrace pause {pipeline}; tailrace rewind {pipeline} {sink_id} {back} "
+            f"--confirm {sink_id}; tailrace resume {pipeline}; then start delivery")
+
+    @staticmethod
+    def check(sink_id: str, commit: BatchCommit | None, stored: Position | None) -> None:
+        """Raise when `stored` is behind `commit.floor`."""
+        if commit is None or commit.floor is None:
+            return
+        if stored is None or position_key(stored) < position_key(commit.floor):
+            raise SinkLostWrites(sink_id, commit.pipeline, commit.partition, stored,
+                                 commit.floor)
 
 
 class AtomicWrite(ABC):
@@ -66,12 +100,15 @@ class ExactlyOnceSink(Sink):
                 self._write_checked(events, commit)
         except Exception as e:  # noqa: BLE001 - turned into a Tailrace error by the sink
             failure = self.write_failed(e, commit)
+            if isinstance(e, SinkLostWrites):
+                failure = e  # the sink tidied up; the pipeline stops with this
         if failure is not None:
             raise failure
 
     def _write_checked(self, events: Sequence[ChangeEvent], commit: BatchCommit) -> None:
         self.pipeline = commit.pipeline
         with self.begin(commit) as unit:
+            SinkLostWrites.check(self.id, commit, unit.stored)
             todo = fresh_indexes(events, unit.stored)
             if len(todo) < len(events):
                 log.info("replayed events skipped", sink=self.id, skipped=len(events) - len(todo))
