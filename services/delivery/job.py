@@ -400,7 +400,8 @@ def _raised(text: str, base: type[Exception]) -> str | None:
     """The message of the first error of class `base`, or of a subclass, that a Python
     worker's traceback in `text` names by its module path (`tailrace_services.delivery.
     sinks.exactly_once.SinkLostWrites: ...`): Spark hands back only the text."""
-    for module, name, message in _RAISED.findall(text):
+    for found in _RAISED.finditer(text):
+        module, name, message = found.group(1), found.group(2), found.group(3)
         try:
             cls = getattr(importlib.import_module(module), name, None)
         except ImportError:
