@@ -6,22 +6,28 @@ key in source order, and no other process died.
   the same MULTI/EXEC, so what the restarted server holds and its checkpoint agree.
 - The control service killed -9 and started again on its SQLite file: capture and delivery
   wait for it (their `/ready` names it meanwhile) and go on.
-- Redis without persistence killed -9 and started empty: the sink lost writes it had
-  acknowledged. Delivery stops with both positions and the way back rather than write on
-  past the gap; the way back it names (pause, rewind --reset, resume) brings every change.
+- An exactly-once sink's server started empty (Redis without persistence killed -9,
+  noida-db's Kafka on a new data dir): the sink lost writes it had acknowledged. Delivery
+  stops with both positions and the way back rather than write on past the gap; the way
+  back it names (pause, rewind --reset, resume) brings every change.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from tailrace.devservers import RedisServer
 from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
+from tests.fix_sinks import read_kafka
 
 pytestmark = pytest.mark.chaos
 
@@ -127,59 +133,94 @@ def _cli(pipeline: RunningPipeline, *argv: str) -> str:
     return result.stdout
 
 
-def test_redis_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_all_back(
-        pg_db: str, pg_redis_pipeline: Any) -> None:
+@pytest.fixture(params=["redis", "kafka"])
+def forgetful_sink(request: pytest.FixtureRequest, make_noida_kafka: Any) -> Iterator[Sink]:
+    """An exactly-once sink whose server comes back empty: Redis without persistence killed
+    -9 and started, noida-db's Kafka stopped and started on a new data dir (same port)."""
+    if request.param == "redis":
+        with RedisServer() as red:
+
+            def read() -> dict[int, list[int]]:
+                return values_per_key(red.url, "lost.acct")
+
+            yield Sink(f'{{id: s1, type: redis, url: "{red.url}", stream: "lost.{{table}}"}}',
+                       read, lambda: (red.kill(), red.start()))
+        return
+    broker = make_noida_kafka()
+
+    def read_topic() -> dict[int, list[int]]:
+        values: dict[int, list[int]] = {}
+        topics = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
+        if "lost.acct" not in topics.topics:
+            return values  # the empty broker has no topic until the sink writes one
+        for m in read_kafka(broker.bootstrap, ["lost.acct"]):
+            after = json.loads(m.value())["after"]
+            values.setdefault(after["id"], []).append(after["v"])
+        return values
+
+    def empty_again() -> None:
+        broker.kill()
+        broker.stop()  # its data dir goes
+        broker.start()
+
+    yield Sink(f'{{id: s1, type: kafka, brokers: "{broker.bootstrap}", topic: "lost.{{table}}", '
+               'exactly_once: true}', read_topic, empty_again)
+
+
+@dataclass
+class Sink:
+    spec: str
+    values_per_key: Callable[[], dict[int, list[int]]]
+    restart_empty: Callable[[], Any]
+
+
+def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_all_back(
+        pg_db: str, pg_redis_pipeline: Any, forgetful_sink: Sink) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    stream = "lost.acct"
-    with RedisServer() as red:  # nothing saved: a restart starts empty
-        pipeline = pg_redis_pipeline(
-            tables="[public.acct]",
-            sink=f'{{id: redis1, type: redis, url: "{red.url}", stream: "lost.{{table}}"}}')
-        name = pipeline.spec_path.stem
-        pipeline.start_all()
-        control = pipeline.control_client()
+    sink = forgetful_sink
+    pipeline = pg_redis_pipeline(tables="[public.acct]", sink=sink.spec)
+    name = pipeline.spec_path.stem
+    pipeline.start_all()
+    control = pipeline.control_client()
 
-        def acknowledged_stored() -> int:
-            cp = control.get_checkpoint(f"src-{name}", "redis1")
-            return cp.sink_stored[0].tx_seq if cp is not None and 0 in cp.sink_stored else 0
+    def acknowledged_stored() -> int:
+        cp = control.get_checkpoint(f"src-{name}", "s1")
+        return cp.sink_stored[0].tx_seq if cp is not None and 0 in cp.sink_stored else 0
 
-        with psycopg.connect(pg_db, autocommit=True) as conn:
-            for t in range(KILLED_AT):
-                write_account_tx(conn, t, KEYS)
-            pipeline.wait_for(lambda: acknowledged_stored() > 0, 180,
-                              "a batch Redis acknowledged storing, in the control checkpoint")
-            before_kill = acknowledged_stored()
-            red.kill()
-            red.start()  # empty: what it acknowledged is gone
-            for t in range(KILLED_AT, STARTED_AT):
-                write_account_tx(conn, t, KEYS)
-        code = pipeline.exit_code("delivery", 180)
-        log = (pipeline.dir / "delivery.log").read_text(errors="replace")
-        assert code != 0 and "sink redis1 lost writes it had acknowledged" in log, \
-            pipeline.log_tail("delivery")
-        assert f"tailrace rewind {name} redis1 --reset --confirm redis1" in log
-        assert values_per_key(red.url, stream) == {}, "nothing written past the gap"
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(KILLED_AT):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: acknowledged_stored() > 0, 180,
+                          "a batch the sink acknowledged storing, in the control checkpoint")
+        before_restart = acknowledged_stored()
+        sink.restart_empty()  # what it acknowledged is gone
+        for t in range(KILLED_AT, STARTED_AT):
+            write_account_tx(conn, t, KEYS)
+    code = pipeline.exit_code("delivery", 180)
+    log = (pipeline.dir / "delivery.log").read_text(errors="replace")
+    assert code != 0 and "sink s1 lost writes it had acknowledged" in log, \
+        pipeline.log_tail("delivery")
+    assert f"tailrace rewind {name} s1 --reset --confirm s1" in log
+    assert sink.values_per_key() == {}, "nothing written past the gap"
 
-        _cli(pipeline, "pause", name)
-        _cli(pipeline, "rewind", name, "redis1", "--reset", "--confirm", "redis1")
-        _cli(pipeline, "resume", name)
-        pipeline.start("delivery")
+    _cli(pipeline, "pause", name)
+    _cli(pipeline, "rewind", name, "s1", "--reset", "--confirm", "s1")
+    _cli(pipeline, "resume", name)
+    pipeline.start("delivery")
 
-        def delivered_up_to() -> int:
-            values = values_per_key(red.url, stream)
-            return min((max(v) for v in values.values()), default=-1) \
-                if len(values) == KEYS else -1
+    def delivered_up_to() -> int:
+        values = sink.values_per_key()
+        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
+            else -1
 
-        pipeline.wait_for(lambda: delivered_up_to() == STARTED_AT - 1, 300,
-                          "every change in Redis after the rewind")
-        assert values_per_key(red.url, stream) == {
-            k: list(range(STARTED_AT)) for k in range(KEYS)}, \
-            "each key's values once each, in source order"
-        pipeline.wait_for(lambda: acknowledged_stored() > before_kill, 60,
-                          "the rewound checkpoint to record what Redis stores again")
-        pipeline.assert_running()
-        print(f"\nRedis (no persistence) killed -9 and started empty after the control "
-              f"checkpoint recorded tx {before_kill} stored: delivery stopped "
-              f"(exit {code}) naming the gap; pause, rewind --reset, resume: "
-              f"{KEYS * STARTED_AT} changes in Redis once each, in order")
+    pipeline.wait_for(lambda: delivered_up_to() == STARTED_AT - 1, 300,
+                      "every change in the sink after the rewind")
+    assert sink.values_per_key() == {k: list(range(STARTED_AT)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.wait_for(lambda: acknowledged_stored() > before_restart, 60,
+                      "the rewound checkpoint to record what the sink stores again")
+    pipeline.assert_running()
+    print(f"\nsink server restarted empty after the control checkpoint recorded tx "
+          f"{before_restart} stored: delivery stopped (exit {code}) naming the gap; pause, "
+          f"rewind --reset, resume: {KEYS * STARTED_AT} changes in the sink once each, in order")
