@@ -149,14 +149,26 @@ class RunningPipeline:
         """(status, JSON body or {}) of `/health` of a service started with `--http-port`."""
         return self.http_side(name, "/health")
 
+    def side_url(self, name: str) -> str:
+        """The HTTP side port's URL of a service started with `--http-port` (the last
+        one it logged: a restarted service logs its new one)."""
+        marker = '"event": "http side port"'
+        self.wait_for(lambda: self.log_count(name, marker) > 0, 60, f"{name}'s http side port")
+        return [json.loads(line)["url"] for line in
+                (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
+                if marker in line][-1]
+
+    def metric(self, name: str, metric: str) -> float:
+        """The sum of a Prometheus metric's samples on a service's `/metrics`."""
+        with urllib.request.urlopen(f"{self.side_url(name)}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((f"{metric} ", f"{metric}{{")))
+
     def http_side(self, name: str, path: str) -> tuple[int, dict[str, Any]]:
         """(status, JSON body or {}) of `path` (`/health`, `/ready`) of a service started
         with `--http-port`."""
-        marker = '"event": "http side port"'
-        self.wait_for(lambda: self.log_count(name, marker) > 0, 60, f"{name}'s http side port")
-        url = next(json.loads(line)["url"] for line in
-                   (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
-                   if marker in line)
+        url = self.side_url(name)
         try:
             with urllib.request.urlopen(f"{url}{path}", timeout=10) as r:
                 return r.status, {}

@@ -8,6 +8,9 @@ A source's feed (`events.py` of each connector) yields, in source order:
   transaction fields (id, position, `tx_index/tx_size/tx_end`, idempotency key),
   `position` is where the transaction ends, `commit_ts_us` its source commit time;
 - `IDLE`: nothing new right now (a server heartbeat, a read timeout);
+  a `Commit` with `advances` (a source heartbeat's transaction, with no event) publishes
+  nothing but lets the next epoch close at that position, so the sinks' checkpoints, and
+  with them what the source may release, move while the captured tables are idle;
 - a `Prepared` transaction: whole, stamped and in bus form already (a snapshot chunk's
   read transaction, `snapshot/records.py`), published as it is.
 
@@ -79,6 +82,9 @@ class Commit:
     position: Position  # where the transaction ends (its events' position, event_index 0)
     commit_ts_us: int
     tx_id: str = ""  # for messages
+    # a transaction without events whose position an epoch may still close at (the
+    # source's heartbeat), as an event's: where its last change is
+    advances: Position | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,8 @@ class Assembler:
         self.buffer = TransactionBuffer(source.max_tx_memory_events)
         self.publisher = BusPublisher(bus.brokers, pipeline.bus_topic, bus.partitions, source.id,
                                       control, source.epoch_ms, idle=idle,
-                                      client_config=bus.client_config)
+                                      client_config=bus.client_config,
+                                      heartbeat_ms=source.heartbeat_ms)
 
     def run(self, feed: Iterable[FeedItem], stopped: Callable[[], bool]) -> None:
         """Buffer, stamp and publish the feed's transactions until `stopped()` or it ends."""
@@ -148,6 +155,8 @@ class Assembler:
             metrics.transactions.inc()
             metrics.event_bytes.inc(publisher.bytes_published - sent)
             buffer.clear()
+        elif commit.advances is not None:
+            publisher.advance(commit.advances, commit.commit_ts_us // 1000)
         else:
             publisher.tick()
         metrics.lag_seconds.set(max(time.time() - commit.commit_ts_us / 1e6, 0.0))

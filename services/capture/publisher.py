@@ -97,7 +97,8 @@ class BusPublisher:
     def __init__(self, brokers: str, topic: str, partitions: int, source_id: str,
                  control: ControlClient, epoch_ms: int = 200,
                  idle: Callable[[], None] | None = None,
-                 client_config: Mapping[str, str] | None = None) -> None:
+                 client_config: Mapping[str, str] | None = None,
+                 heartbeat_ms: int = 0) -> None:
         config = producer_config(brokers, f"tailrace-capture-{source_id}", client_config)
         config["queue.buffering.max.kbytes"] = min(int(config["queue.buffering.max.kbytes"]),
                                                    QUEUE_MAX_KBYTES)
@@ -115,6 +116,11 @@ class BusPublisher:
         self._last_source_ms = 0  # source commit time of the last transaction published
         self._epoch_pending = False
         self._last_epoch_at = 0.0
+        # a position an epoch may close at with nothing published (`advance`), at most
+        # every heartbeat_ms (`source.heartbeat_ms`)
+        self._advance: tuple[Position, int] | None = None
+        self._heartbeat_s = heartbeat_ms / 1000
+        self._advanced_at = 0.0
         self._in_flight: deque[_EpochInFlight] = deque()
         latest = control.latest_epoch(source_id)
         self._epoch_id = latest.epoch_id if latest else 0
@@ -222,11 +228,19 @@ class BusPublisher:
         if last is None:
             return
         self.transactions_published += 1
+        self._advance = None  # behind what was just published
         self._last_position = last
         self._last_source_ms = source_ms
         self._epoch_pending = True
         if time.monotonic() - self._last_epoch_at >= self._epoch_s:
             self._emit_epoch()
+
+    def advance(self, position: Position, source_ms: int) -> None:
+        """Nothing to publish, but an epoch may close at `position` (a source's heartbeat:
+        the checkpoints move while the captured tables are idle); at most every
+        heartbeat_ms, the latest such position then. Anything published after it wins."""
+        self._advance = (position, source_ms)
+        self.tick()
 
     def tick(self) -> None:
         """Call when idle: closes a pending epoch once `epoch_ms` has passed, and every
@@ -235,6 +249,11 @@ class BusPublisher:
         self._producer.poll(0)
         self._check()
         self._record_acked_epochs()
+        if self._advance is not None and \
+                time.monotonic() - self._advanced_at >= self._heartbeat_s:
+            (self._last_position, self._last_source_ms), self._advance = self._advance, None
+            self._advanced_at = time.monotonic()
+            self._epoch_pending = True
         if self._epoch_pending and time.monotonic() - self._last_epoch_at >= self._epoch_s:
             self._emit_epoch()
         elif not self._in_flight and time.monotonic() - self._bus_checked_at >= BUS_CHECK_S:

@@ -22,7 +22,11 @@ here:
   (deletes, other transactions) are never events;
 - a selected table that appears (CREATE TABLE, RENAME into the patterns) is named to the
   snapshot reader (`on_table`), which under `initial` reads its rows (a renamed table's
-  rows were never in the stream under its new name).
+  rows were never in the stream under its new name);
+- with `source.heartbeat_ms`, a transaction of other tables `advances` the position
+  (`assembler.Commit.advances`): an epoch closes there, at most that often, and the sinks'
+  checkpoints follow the binlog while the captured tables are idle, so a restart does not
+  ask for binlogs the server purged meanwhile.
 
 An event's id is `event_id(source_id, gtid, index, commit_ms)`: the same
 transaction re-read after a restart, a reconnect or a failover to a replica
@@ -150,6 +154,7 @@ class ChangeFeed:
     signal: SignalTable | None = None  # the snapshot signal table (watermarks)
     # a selected table appeared (CREATE, RENAME): the snapshot reader is told its name
     on_table: Callable[[str], None] | None = None
+    heartbeats: bool = False  # `source.heartbeat_ms` > 0 (module docstring)
 
     def items(self) -> Iterator[FeedItem | Watermark]:
         position = self.start
@@ -204,7 +209,8 @@ class ChangeFeed:
             return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
                                  native=native, captured_us=captured_us, ids=ids[0])
 
-        return Commit(stamp, native, commit_ts * 1_000_000, position.gtid)
+        return Commit(stamp, native, commit_ts * 1_000_000, position.gtid,
+                      native if self.heartbeats else None)  # used if it has no event
 
     @staticmethod
     def _next(position: CapturePosition, begin: TxBegin | None) -> Position:

@@ -169,7 +169,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                           self.source.snapshot.key_columns),
             self.filter, self.settings, self.metrics, start=start, server_id=facts.server_id,
             identity=identity_fingerprint(facts.flavor, identity_attributes(facts)),
-            signal=self.signal)
+            signal=self.signal, heartbeats=self.source.heartbeat_ms > 0)
         merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
         worker = self._snapshot_worker(merger, progress, facts, tables)
         feed.on_table = lambda table: worker.add_tables([table])

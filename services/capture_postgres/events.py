@@ -51,7 +51,12 @@ from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
 from tailrace_services.capture_postgres.connection import ReplicationConnection, lsn_to_str
 from tailrace_services.capture_postgres.history import HistoryCheck
-from tailrace_services.capture_postgres.position import SlotFeedback, Timelines, tx_seq_of
+from tailrace_services.capture_postgres.position import (
+    HEARTBEAT_PREFIX,
+    SlotFeedback,
+    Timelines,
+    tx_seq_of,
+)
 from tailrace_services.capture_postgres.reader import (
     UNCHANGED_VALUE,
     Begin,
@@ -244,6 +249,7 @@ class ChangeFeed:
         begin: Begin | None = None
         skipping = False
         changes = events = 0
+        heartbeat = 0  # LSN of the open transaction's heartbeat message, if it has one
         read_bytes = 0  # counted in `log_bytes` once a transaction, not once a message
         while True:
             feedback.keep_alive()
@@ -271,7 +277,7 @@ class ChangeFeed:
                     changes += 1
                     yield factory.from_change(msg, data.data_start, schemas.of(msg.relation))
             elif isinstance(msg, Begin):
-                begin, changes, events = msg, 0, 0
+                begin, changes, events, heartbeat = msg, 0, 0, 0
                 skipping = msg.final_lsn < self.resume_lsn
                 yield BEGIN
             elif isinstance(msg, PgCommit):
@@ -283,8 +289,9 @@ class ChangeFeed:
                 read_bytes = 0
                 if not skipping:
                     rows.inc(changes)
-                    yield self._commit(begin, msg)
-                    if changes or events:  # published: the slot may be confirmed up to it
+                    yield self._commit(begin, msg, 0 if changes or events else heartbeat)
+                    if changes or events or heartbeat:  # published, or an epoch may close
+                        # there: the slot may be confirmed up to it
                         feedback.published = max(feedback.published, msg.end_lsn)
                 begin = None
             elif isinstance(msg, Relation):
@@ -293,6 +300,9 @@ class ChangeFeed:
                 for rel in msg.relations:
                     events += 1
                     yield factory.truncate(rel, data.data_start, schemas.of(rel))
+            elif isinstance(msg, LogicalMessage) and begin is not None and \
+                    msg.prefix == HEARTBEAT_PREFIX and msg.transactional:
+                heartbeat = data.data_start
             elif isinstance(msg, LogicalMessage) and begin is None and \
                     msg.prefix == WATERMARK_PREFIX and not msg.transactional:
                 mark = self._watermark(msg)
@@ -301,7 +311,9 @@ class ChangeFeed:
                     if mark.published:  # a read transaction sits at it
                         feedback.published = max(feedback.published, msg.lsn + 1)
 
-    def _commit(self, begin: Begin, commit: PgCommit) -> Commit:
+    def _commit(self, begin: Begin, commit: PgCommit, heartbeat: int = 0) -> Commit:
+        """`heartbeat`: the LSN of the heartbeat message of a transaction without changes
+        (`position.Heartbeat`): the commit then `advances` to it, as if it were a change."""
         factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
         timeline = factory.timelines.of(commit.commit_lsn)
         tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
@@ -316,7 +328,12 @@ class ChangeFeed:
 
         position = Position(tx_seq=tx_seq, postgres=PostgresPosition(
             commit_lsn=end_lsn, timeline=timeline, xid=xid, commit_ts_us=ts))
-        return Commit(stamp, position, ts, str(xid))
+        advances = None
+        if heartbeat:
+            advances = Position()
+            advances.CopyFrom(position)
+            advances.postgres.event_lsn = heartbeat
+        return Commit(stamp, position, ts, str(xid), advances)
 
     def _watermark(self, msg: LogicalMessage) -> Watermark | None:
         """A snapshot watermark; a read transaction placed at it ends one byte after the

@@ -47,6 +47,15 @@ reason names the first thing that is wrong (`check_position`):
 
 Any of these raises `PositionLostError`, whose message is
 `position lost: <reason>. Re-snapshot required.`
+
+The slot only moves with the sinks' checkpoints, which move with published transactions.
+While the captured tables are idle and other databases of the server write, it would hold
+their WAL for ever. With `source.heartbeat_ms`, a `Heartbeat` writes a transactional
+logical message into the captured database that often; the stream publishes no event for
+it, but an epoch closes at its position (`assembler.Commit.advances`), the checkpoints
+follow, and the slot with them — never past an undelivered change: the heartbeat's
+position comes after every change before it, and a checkpoint reaches it only once those
+are delivered.
 """
 
 from __future__ import annotations
@@ -55,6 +64,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
 
 from tailrace.control_client import ControlClient
 from tailrace.errors import (
@@ -63,7 +75,7 @@ from tailrace.errors import (
     RetryableError,
     SourceConfigurationError,
 )
-from tailrace.logs import get_logger
+from tailrace.logs import get_logger, redact
 from tailrace.proto.control_pb2 import Checkpoint, Epoch
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.capture.metrics import CaptureMetrics
@@ -72,13 +84,14 @@ from tailrace_services.capture_postgres.connection import (
     ServerFacts,
     SlotState,
     SystemIdentity,
+    connect,
     lsn_to_str,
 )
 from tailrace_services.capture_postgres.errors import StreamStopped
 
-__all__ = ["Resume", "SlotFeedback", "Timelines", "TxMark", "check_numbering", "check_position",
-           "check_slot", "check_timeline", "check_wal_end", "confirm_point", "confirmable_lsn",
-           "describe_server", "era_of", "lsn_of", "tx_seq_of"]
+__all__ = ["HEARTBEAT_PREFIX", "Heartbeat", "Resume", "SlotFeedback", "Timelines", "TxMark",
+           "check_numbering", "check_position", "check_slot", "check_timeline", "check_wal_end",
+           "confirm_point", "confirmable_lsn", "describe_server", "era_of", "lsn_of", "tx_seq_of"]
 
 log = get_logger(__name__)
 
@@ -418,3 +431,45 @@ class SlotFeedback:
                       checkpoint=lsn_to_str(target), published=lsn_to_str(self.published))
         return confirmable_lsn(current, confirm_point(checkpoint.position), self.published,
                                self.repl.server_wal_end)
+
+
+HEARTBEAT_PREFIX = "tailrace.heartbeat"
+HEARTBEAT_TIMEOUT_S = 5
+
+
+class Heartbeat:
+    """Writes a transactional logical message (`HEARTBEAT_PREFIX`) into the captured
+    database every `interval_s` (module docstring); 0 writes none. Called before every read
+    of the stream (`poll`): cheap until one is due. A failure is logged and tried again at
+    the next one; streaming never waits longer than HEARTBEAT_TIMEOUT_S for it."""
+
+    def __init__(self, dsn: str, interval_s: float) -> None:
+        self.dsn = dsn
+        self.interval_s = interval_s
+        self._conn: psycopg.Connection[Any] | None = None
+        self._next = time.monotonic()
+        self.written = 0
+
+    def poll(self) -> None:
+        if not self.interval_s:
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.interval_s
+        try:
+            if self._conn is None:
+                self._conn = connect(self.dsn, timeout=HEARTBEAT_TIMEOUT_S)
+                self._conn.execute(f"SET statement_timeout = {HEARTBEAT_TIMEOUT_S * 1000}")
+            self._conn.execute("SELECT pg_logical_emit_message(true, %s, '')",
+                               (HEARTBEAT_PREFIX,))
+            self.written += 1
+        except psycopg.Error as e:
+            log.warning("heartbeat not written; trying again at the next one",
+                        error=redact(str(e)), retry_in_s=self.interval_s)
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -12,7 +12,9 @@ Each session:
    (publication first: pgoutput reads it with the catalog as of each change); a
    selected table without a key is named in a warning (`schema.py`);
 4. streams: the change feed (`events.py`) through the shared assembler to the bus,
-   until stopped or until the connection breaks.
+   until stopped or until the connection breaks; with `source.heartbeat_ms`, a heartbeat
+   written into the database that often moves the slot while its tables are idle
+   (`position.Heartbeat`).
 
 What an error means is `errors.py`; transient failures start a new session after a
 backoff with jitter, fatal ones are reported and raised (`lifecycle.py`).
@@ -42,7 +44,7 @@ from tailrace_services.capture_postgres.connection import (
 from tailrace_services.capture_postgres.errors import session_errors
 from tailrace_services.capture_postgres.events import ChangeFeed, EventFactory
 from tailrace_services.capture_postgres.identity import Checked, ServerCheck
-from tailrace_services.capture_postgres.position import SlotFeedback, Timelines
+from tailrace_services.capture_postgres.position import Heartbeat, SlotFeedback, Timelines
 from tailrace_services.capture_postgres.schema import (
     KeyCatalog,
     SchemaTracker,
@@ -114,6 +116,12 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                                    manage=self.source.create_slot,
                                    on_added=lambda new: worker.add_tables(
                                        [f"{s}.{t}" for s, t in new]))
+            heartbeat = Heartbeat(self.dsn, self.source.heartbeat_ms / 1000)
+
+            def tick() -> None:
+                watcher.poll()
+                heartbeat.poll()
+
             feedback = SlotFeedback(repl, self.control, self.source.id, self.sink_ids,
                                     self.metrics, resume_lsn=resume.lsn,
                                     confirmed_lsn=resume.confirm_lsn, era=checked.era,
@@ -124,7 +132,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
                               system.dbname, self.source.on_schema_drift),
                 feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
-                tick=watcher.poll)
+                tick=tick)
             try:
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
                                idle=feedback.keep_alive) as assembler:
@@ -139,6 +147,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                                   stopped=lambda: self.lifecycle.stopping)
             finally:
                 worker.stop()
+                heartbeat.close()
                 watcher.close()
                 keys.close()
 

@@ -197,6 +197,13 @@ class _SourceBase(_Spec):
     snapshot: SnapshotSpec = SnapshotSpec()
     epoch_ms: Annotated[int, Field(ge=0)] = 200
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
+    # at most every so many ms, the checkpoints may move to where the source's log is while
+    # the captured tables are idle and the rest of the server writes; 0: only with captured
+    # changes. PostgreSQL: a transactional pg_logical_emit_message written into the captured
+    # database (the slot then releases the WAL; capture_postgres/position.py); MySQL/MariaDB:
+    # a binlog transaction of other tables (a restart does not need binlogs the server may
+    # have purged since; capture_mysql/events.py)
+    heartbeat_ms: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _key_columns_selected(self) -> Self:
