@@ -23,6 +23,7 @@ from tailrace.devservers import (
     PostgresServer,
     RedisServer,
     TcpProxy,
+    free_port,
 )
 
 S = TypeVar("S", bound=DevServer)
@@ -110,3 +111,26 @@ def tcp_proxy() -> Iterator[Callable[..., TcpProxy]]:
             return stack.enter_context(TcpProxy(target_port, target_host))
 
         yield make
+
+
+class ProxiedKafka(KafkaBroker):
+    """A broker that advertises a proxy's port, so every client connection goes through it."""
+
+    def __init__(self, advertised_port: int) -> None:
+        super().__init__()
+        self.advertised_port = advertised_port
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        command[command.index("--advertised-listener-url") + 1] = \
+            f"tcp://{self.host}:{self.advertised_port}"
+        return command
+
+
+@pytest.fixture
+def proxied_broker() -> Iterator[tuple[ProxiedKafka, TcpProxy]]:
+    """A broker of its own whose every client connection goes through a `TcpProxy`."""
+    port = free_port()
+    broker = ProxiedKafka(port)
+    with TcpProxy(broker.port, port=port) as proxy, broker:
+        yield broker, proxy

@@ -5,7 +5,10 @@ change in Redis once, per key in source order, no process died; and the service'
 named the cut link while it was cut (`tailrace.links`).
 
 Links: capture <-> source database, capture <-> control, delivery <-> control,
-delivery <-> sink (Redis). capture <-> bus is tests/chaos/test_pg_capture_outages.py.
+delivery <-> sink (Redis), and the bus: a broker of its own that advertises the proxy, so
+capture's and delivery's connections to it are cut together (capture alone:
+tests/chaos/test_pg_capture_outages.py). Then two finer faults on a sink's link: the reply
+to the sink's commit lost (Redis `EXEC`, PostgreSQL `COMMIT`), and a slow, thin link.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,7 +35,8 @@ KEYS = 20
 NAMED = {"source": ("capture", "reconnecting to the source database"),
          "capture-control": ("capture", "control service at 127.0.0.1:"),
          "delivery-control": ("delivery", "control service at 127.0.0.1:"),
-         "sink": ("delivery", "sink redis1 failed")}
+         "sink": ("delivery", "sink redis1 failed"),
+         "bus": ("capture", "bus at 127.0.0.1:")}
 BEFORE, DURING, TRANSACTIONS = 20, 50, 70  # t < BEFORE delivered first; up to DURING cut
 CUT_S = 15.0
 
@@ -59,10 +64,11 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
     return "; ".join(out)
 
 
-@pytest.mark.parametrize("link", ["source", "capture-control", "delivery-control", "sink"])
+@pytest.mark.parametrize("link", ["source", "capture-control", "delivery-control", "sink",
+                                  "bus"])
 def test_a_cut_link_loses_nothing_and_duplicates_nothing(
         link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any,
-        tmp_path: Path) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     stream = f"cut-{link}.acct"  # the Redis server is shared by the whole run
@@ -70,8 +76,12 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     if link == "sink":
         proxy = tcp_proxy(redis_server.port)
         sink_url = redis_server.url.replace(f":{redis_server.port}/", f":{proxy.port}/")
+    brokers = ""
+    if link == "bus":
+        _, proxy = request.getfixturevalue("proxied_broker")
+        brokers = f"127.0.0.1:{proxy.port}"
     pipeline = pg_redis_pipeline(
-        tables="[public.acct]",
+        tables="[public.acct]", brokers=brokers,
         sink=f'{{id: redis1, type: redis, url: "{sink_url}", stream: "cut-{link}.{{table}}"}}')
     text = pipeline.spec_path.read_text()
     if link == "source":
@@ -129,3 +139,120 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     for name, lines in seen.items():  # one of each answer, whatever the seconds it gave
         answers = {re.sub(r"failing for \d+ s", "failing for N s", line) for line in lines}
         print(f"  {name} during the cut: " + " | ".join(sorted(answers)))
+
+
+AUDIT = """
+CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL);
+CREATE TABLE audit (n bigserial PRIMARY KEY, id int, v int);
+CREATE FUNCTION audit_acct() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN INSERT INTO audit (id, v) VALUES (NEW.id, NEW.v); RETURN NEW; END $$;
+CREATE TRIGGER audit_acct AFTER INSERT OR UPDATE ON acct
+  FOR EACH ROW EXECUTE FUNCTION audit_acct();
+"""
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
+        kind: str, pg_db: str, pg_server: Any, redis_server: Any, pg_redis_pipeline: Any,
+        tcp_proxy: Any) -> None:
+    """The sink's server receives the batch's commit (Redis `EXEC`, PostgreSQL `COMMIT`)
+    and commits it, but the reply never reaches delivery: the connection is gone and the
+    sink cannot tell whether its transaction went through. The retry reads the checkpoint
+    stored with the data and skips what is there. Counted: Redis's stream entries, and
+    every row version the PostgreSQL target applied (an audit trigger)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    stream = f"lost-reply-{kind}.acct"
+    if kind == "redis":
+        proxy = tcp_proxy(redis_server.port)
+        url = redis_server.url.replace(f":{redis_server.port}/", f":{proxy.port}/")
+        sink = f'{{id: s1, type: redis, url: "{url}", stream: "lost-reply-{kind}.{{table}}"}}'
+        pattern = b"$4\r\nEXEC\r\n"
+    else:
+        target = f"t_{uuid.uuid4().hex[:12]}"
+        pg_server.create_database(target)
+        with psycopg.connect(pg_server.dsn(target), autocommit=True) as conn:
+            conn.execute(AUDIT)
+        proxy = tcp_proxy(pg_server.port)
+        dsn = pg_server.dsn(target).replace(f":{pg_server.port}/", f":{proxy.port}/")
+        sink = f'{{id: s1, type: postgres, dsn: "{dsn}"}}'
+        pattern = b"COMMIT\x00"
+    pipeline = pg_redis_pipeline(tables="[public.acct]", sink=sink)
+    pipeline.start_all()
+
+    def values() -> dict[int, list[int]]:
+        if kind == "redis":
+            return values_per_key(redis_server.url, stream)
+        with psycopg.connect(pg_server.dsn(target)) as conn:
+            found: dict[int, list[int]] = {}
+            for key, v in conn.execute("SELECT id, v FROM audit ORDER BY n"):
+                found.setdefault(key, []).append(v)
+            return found
+
+    def delivered_up_to() -> int:
+        found = values()
+        return min((max(v) for v in found.values()), default=-1) if len(found) == KEYS \
+            else -1
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        proxy.lose_reply_to(pattern)
+        written = BEFORE
+        while proxy.replies_lost == 0 and written < TRANSACTIONS:
+            write_account_tx(conn, written, KEYS)
+            written += 1
+            pipeline.wait_for(lambda w=written: proxy.replies_lost > 0
+                              or delivered_up_to() == w - 1, 120, "the next batch")
+        assert proxy.replies_lost == 1, "a commit's reply was lost"
+        for t in range(written, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
+                      "every change after the lost reply")
+    assert values() == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.assert_running()
+    skipped = pipeline.log_count("delivery", "replayed events skipped")
+    print(f"\n[{kind}] the reply to a commit lost after transaction {written - 1}: "
+          f"{KEYS * TRANSACTIONS} changes applied once each, in order; the retry found the "
+          f"batch stored ({skipped} 'replayed events skipped' log line(s))")
+
+
+def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
+        pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any) -> None:
+    """Delivery ↔ Redis at 150 ms each way and 20 kB/s while 30 transactions are written:
+    batches take longer, nothing else changes."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    proxy = tcp_proxy(redis_server.port)
+    url = redis_server.url.replace(f":{redis_server.port}/", f":{proxy.port}/")
+    pipeline = pg_redis_pipeline(
+        tables="[public.acct]", sink=f'{{id: s1, type: redis, url: "{url}", stream: "slow.{{table}}"}}')
+    pipeline.start_all()
+
+    def delivered_up_to() -> int:
+        values = values_per_key(redis_server.url, "slow.acct")
+        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
+            else -1
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        proxy.slow(delay_s=0.15, bytes_per_s=20_000)
+        started = time.monotonic()
+        for t in range(BEFORE, DURING):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == DURING - 1, 300,
+                          "every change over the slow link")
+        slow_s = time.monotonic() - started
+        proxy.slow()
+        for t in range(DURING, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 180, "every change")
+    assert values_per_key(redis_server.url, "slow.acct") == {
+        k: list(range(TRANSACTIONS)) for k in range(KEYS)}, "once each, in source order"
+    pipeline.assert_running()
+    print(f"\nslow link (150 ms each way, 20 kB/s): {DURING - BEFORE} transactions delivered "
+          f"in {slow_s:.1f} s; {KEYS * TRANSACTIONS} changes once each, in order")

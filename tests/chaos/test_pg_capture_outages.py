@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from tailrace.devservers import KafkaBroker, TcpProxy, free_port
+from tailrace.devservers import TcpProxy
 from tailrace.events import Op
 from tests.fix_capture import column, deduplicated, slot_row
+from tests.fix_servers import ProxiedKafka
 
 pytestmark = pytest.mark.chaos
 
@@ -95,28 +95,6 @@ def test_walsender_killed_three_times_capture_reconnects_and_loses_nothing(
     assert capture.log().count("capture interrupted; reconnecting") == 3
     assert '"retry_in_s"' in capture.log()
     assert slot_row(pg_db, rig.slot) is not None
-
-
-class ProxiedKafka(KafkaBroker):
-    """A broker that advertises a proxy's port, so every client connection goes through it."""
-
-    def __init__(self, advertised_port: int) -> None:
-        super().__init__()
-        self.advertised_port = advertised_port
-
-    def _command(self) -> list[str]:
-        command = super()._command()
-        command[command.index("--advertised-listener-url") + 1] = \
-            f"tcp://{self.host}:{self.advertised_port}"
-        return command
-
-
-@pytest.fixture
-def proxied_broker() -> Iterator[tuple[ProxiedKafka, TcpProxy]]:
-    port = free_port()
-    broker = ProxiedKafka(port)
-    with TcpProxy(broker.port, port=port) as proxy, broker:
-        yield broker, proxy
 
 
 def reported_write_lsn(dsn: str, slot: str) -> tuple[int, int]:

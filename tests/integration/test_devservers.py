@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,6 +205,28 @@ def test_tcp_proxy_cut_and_restore(
             client.ping()  # new connections are refused, not hung
         proxy.restore()
         assert client.get("proxied") == b"1"
+    finally:
+        client.close()
+
+
+def test_tcp_proxy_loses_a_reply_and_slows_a_link(
+    redis_server: RedisServer, tcp_proxy: Callable[..., TcpProxy]
+) -> None:
+    proxy = tcp_proxy(redis_server.port)
+    no_retry = Retry(NoBackoff(), retries=0)
+    client = redis.Redis(port=proxy.port, socket_timeout=5, retry=no_retry)
+    try:
+        proxy.lose_reply_to(b"proxied-lost")
+        with pytest.raises(redis.ConnectionError):
+            client.set("proxied-lost", "1")
+        assert proxy.replies_lost == 1
+        assert client.get("proxied-lost") == b"1", "the request reached the server"
+        proxy.slow(delay_s=0.2, bytes_per_s=100_000)
+        started = time.monotonic()
+        client.set("proxied-big", "x" * 50_000)
+        assert time.monotonic() - started >= 0.8  # the rate (0.5 s), then 0.2 s each way
+        proxy.slow()
+        assert client.get("proxied-big") == b"x" * 50_000
     finally:
         client.close()
 

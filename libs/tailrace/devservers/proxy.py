@@ -4,6 +4,13 @@ Point a client at `proxy.port` instead of the server. `cut()` drops every open
 connection and closes the listening socket, so new connections are refused (not hung);
 `restore()` listens again on the same port. `retarget()` sends new connections to
 another server, which is how a failover to a different address looks to a client.
+
+Two finer faults, for what a client cannot tell from a cut:
+- `lose_reply_to(pattern)`: the next time a client sends `pattern` (Redis's `EXEC`,
+  PostgreSQL's `COMMIT`), the request reaches the server but its reply is dropped and the
+  connection closed: the client cannot know whether its transaction committed;
+- `slow(delay_s, bytes_per_s)`: every chunk waits `delay_s` and is sent at most
+  `bytes_per_s` (a slow, thin link); `slow()` undoes it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Self
 
@@ -20,6 +28,15 @@ from tailrace.devservers._process import LOOPBACK, free_port
 __all__ = ["TcpProxy"]
 
 _CHUNK = 65536
+_TRICKLE = 1024  # bytes sent at a time on a slow link
+
+
+class _Pair:
+    """One proxied connection: whether the server's next reply is to be lost."""
+
+    def __init__(self) -> None:
+        self.lose_reply = False
+        self.tail = b""  # the client's last bytes, for a pattern split across chunks
 
 
 class TcpProxy:
@@ -34,6 +51,10 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._acceptor: threading.Thread | None = None
+        self._lose_reply_to: bytes | None = None
+        self.replies_lost = 0
+        self.delay_s = 0.0
+        self.bytes_per_s = 0
 
     @property
     def cut_off(self) -> bool:
@@ -80,6 +101,15 @@ class TcpProxy:
         """Send new connections to `host:port`; open ones stay where they are."""
         self.target = (host, port)
 
+    def lose_reply_to(self, pattern: bytes) -> None:
+        """Arm once: the next request holding `pattern` is forwarded, the reply to it
+        dropped and the connection closed (`replies_lost` counts them)."""
+        self._lose_reply_to = pattern
+
+    def slow(self, delay_s: float = 0.0, bytes_per_s: int = 0) -> None:
+        """Delay every chunk in both directions and cap its rate; no arguments: full speed."""
+        self.delay_s, self.bytes_per_s = delay_s, bytes_per_s
+
     def close(self) -> None:
         self.cut()
 
@@ -104,13 +134,24 @@ class TcpProxy:
                     _close(upstream)
                     return
                 self._conns.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            pair = _Pair()
+            for src, dst, upwards in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, pair, upwards),
+                                 daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, pair: _Pair, upwards: bool) -> None:
         try:
             while data := src.recv(_CHUNK):
-                dst.sendall(data)
+                if not upwards and pair.lose_reply:
+                    self.replies_lost += 1
+                    break  # the reply is dropped: both ends closed below
+                pattern = self._lose_reply_to
+                if upwards and pattern is not None:  # armed before the server can answer
+                    if pattern in pair.tail + data:
+                        self._lose_reply_to = None
+                        pair.lose_reply = True
+                    pair.tail = (pair.tail + data)[-len(pattern):]
+                self._send(dst, data)
         except OSError:
             pass
         # One side ended or failed: end both so the other pump returns as well.
@@ -119,6 +160,16 @@ class TcpProxy:
             self._conns.discard(dst)
         _close(src)
         _close(dst)
+
+    def _send(self, dst: socket.socket, data: bytes) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if not self.bytes_per_s:
+            dst.sendall(data)
+            return
+        for start in range(0, len(data), _TRICKLE):
+            dst.sendall(data[start:start + _TRICKLE])
+            time.sleep(min(_TRICKLE, len(data) - start) / self.bytes_per_s)
 
     def __enter__(self) -> Self:
         return self.start()
