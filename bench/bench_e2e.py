@@ -33,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ import redis  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from tailrace.config import load_pipeline  # noqa: E402
+from tailrace.control_client import ControlClient  # noqa: E402
 from tailrace.devservers import (  # noqa: E402
     KafkaBroker,
     MariaDBServer,
@@ -53,6 +56,7 @@ from tailrace.devservers import (  # noqa: E402
     free_port,  # noqa: E402
 )
 from tailrace.devservers.noida import NoidaKafka  # noqa: E402
+from tailrace_services.cli.localauth import local_tokens  # noqa: E402
 from tailrace_services.cli.supervisor import Supervisor  # noqa: E402
 from tailrace_services.cli.up import HttpPorts, start_pipeline  # noqa: E402
 
@@ -123,6 +127,7 @@ class Arrivals(threading.Thread):
         super().__init__(daemon=True)
         self.sink, self.url = sink, url
         self.at: dict[int, float] = {}
+        self.copies = 0  # arrivals of a row seen before
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -134,7 +139,11 @@ class Arrivals(threading.Thread):
     def _note(self, key: bytes | str) -> None:
         pk = json.loads(key)["pk"]
         if "id" in pk:  # not a DDL event (MySQL sends the CREATE TABLE)
-            self.at.setdefault(int(pk["id"]), time.time())
+            row = int(pk["id"])
+            if row in self.at:
+                self.copies += 1
+            else:
+                self.at[row] = time.time()
 
     def _redis(self) -> None:
         client = redis.Redis.from_url(self.url)
@@ -168,32 +177,54 @@ class Arrivals(threading.Thread):
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_stats() -> dict[int, list[str]]:
+    """Each process's /proc/PID/stat fields after its name (field n at index n - 3)."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+    return stats
+
+
+def _tree(root: int, stats: dict[int, list[str]], apart: frozenset[int]) -> list[int]:
+    """`root` and every process below it, but not below the processes `apart`."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(child for child, fields in stats.items()
+                    if int(fields[1]) == pid and child not in apart)
+    return found
 
 
 def cpu_seconds(root: int, apart: frozenset[int] = frozenset()) -> float:
     """CPU time (user + system) of `root` and every process below it (Spark's JVM and
     workers under delivery, PostgreSQL's backends under the postmaster), but not below
     the processes `apart` (measured on their own)."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    stats = _proc_stats()
+    total = 0.0
+    for pid in _tree(root, stats, apart):
+        fields = stats.get(pid)
+        if fields is None:
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
-        if int(entry.name) == os.getpid():  # and its children that ended (the writer)
-            times[os.getpid()] += (int(fields[13]) + int(fields[14])) / _TICK
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += times.get(pid, 0.0)
-        todo.extend(child for child, parent in parents.items()
-                    if parent == pid and child not in apart)
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+        if pid == os.getpid():  # and its children that ended (the writer)
+            total += (int(fields[13]) + int(fields[14])) / _TICK
     return total
+
+
+def rss_bytes(root: int, apart: frozenset[int] = frozenset()) -> int:
+    """Resident memory of `root` and every process below it (as `cpu_seconds`)."""
+    stats = _proc_stats()
+    return sum(int(stats[pid][21]) * _PAGE for pid in _tree(root, stats, apart)
+               if pid in stats)
 
 
 class CpuMeter:
@@ -272,22 +303,40 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
     return len(arrived) / took if arrived else 0.0, args.bulk - len(arrived)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+@dataclass
+class Running:
+    """A pipeline started as `tailrace up` starts it, with its servers and a reader of the
+    sink: what `main`, `bench/soak.py` and `bench/backlog_drain.py` measure."""
+
+    args: argparse.Namespace
+    work: Path
+    dsn: str
+    sup: Supervisor
+    arrivals: Arrivals
+    roots: dict[str, int | None]  # process trees to measure, by name
+    control: ControlClient
+    ports: HttpPorts
+    spec_path: Path
+
+    def child(self, name: str) -> Any:
+        return next(c for c in self.sup.children if c.name == name)
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
     parser.add_argument("--sink", choices=("redis", "kafka"), default="redis")
-    parser.add_argument("--rates", default="1000,2500,5000",
-                        help="rows per second, comma-separated (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
     parser.add_argument("--max-events", type=int, default=0,
                         help="spec.batch.max_events (default: the spec's default)")
     parser.add_argument("--partitions", type=int, default=1, help="spec.bus.partitions")
     parser.add_argument("--epoch-ms", type=int, default=0,
                         help="spec.source.epoch_ms (default: the spec's default)")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+
+
+@contextlib.contextmanager
+def running_pipeline(args: argparse.Namespace, prefix: str) -> Iterator[Running]:
+    """Servers, the pipeline (three processes) and the sink's reader, warmed up: a row
+    written has arrived. Everything stops on leaving."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
     # The Kafka sink is exactly-once: on noida-db, which filters aborted transactions and
     # reports fencing as the tests need (DESIGN.md); the bus stays on Tansu.
@@ -315,46 +364,66 @@ def main() -> None:
                                          if args.epoch_ms else "",
                                          batch=f"  batch: {{max_events: {args.max_events}}}\n"
                                          if args.max_events else ""))
+        spec = load_pipeline(spec_path)
         sup = Supervisor({"TAILRACE_LOG_FORMAT": "json", "TAILRACE_LOG_LEVEL": "info"})
         ports = HttpPorts.from_base(0)
-        start_pipeline(sup, spec_path, load_pipeline(spec_path), work, work, ports)
+        start_pipeline(sup, spec_path, spec, work, work, ports)
         arrivals = Arrivals(args.sink, red.url if args.sink == "redis" else out_kafka.bootstrap)
         arrivals.start()
+        token = local_tokens(spec, work).admin_file.read_text().strip()
+        control = ControlClient(spec.spec.control.address, token=token)
         try:
+            running = Running(args, work, dsn, sup, arrivals, {}, control, ports, spec_path)
             warm = _warm_up(args, dsn, arrivals, sup)
             print(f"pipeline up; first row arrived after {warm:.1f} s (Spark start-up); "
                   f"logs in {work}", flush=True)
-            meter = CpuMeter({**{c.name: c.process.pid if c.process else None
-                                 for c in sup.children},
-                              "source server": source.pid, "broker": kafka.pid,
-                              "redis": red.pid, "bench (writer, reader)": os.getpid()})
-            rows: list[tuple[str, int, list[float], int]] = []
-            first_id = 1_000
-            for rate in [int(r) for r in args.rates.split(",") if r]:
-                meter.start()
-                latencies, written, missing = paced_phase(args, dsn, arrivals, rate, first_id)
-                first_id += written + 1_000
-                rows.append((f"{rate:,} rows/s", written, latencies, missing))
-                print(_line(*rows[-1]), flush=True)
-                print(meter.report(), flush=True)
-            meter.start()
-            bulk = bulk_phase(args, dsn, arrivals, first_id) if args.bulk else None
-            if bulk is not None:
-                print(meter.report(), flush=True)
+            running.roots = {**{c.name: c.process.pid if c.process else None
+                                for c in sup.children},
+                             "source server": source.pid, "broker": kafka.pid,
+                             "redis": red.pid}
+            yield running
         finally:
             arrivals.stopped.set()
+            control.close()
             sup.stop()
-        print(f"\n{args.source} -> {args.sink}"
-              f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
-              f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print(f"{'rate':>16} {'rows':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
-              f"{'max ms':>8} {'missing':>8}")
-        for row in rows:
-            print(_line(*row))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pipeline_args(parser)
+    parser.add_argument("--rates", default="1000,2500,5000",
+                        help="rows per second, comma-separated (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
+    args = parser.parse_args()
+    with running_pipeline(args, "bench-e2e-") as run:
+        meter = CpuMeter({**run.roots, "bench (writer, reader)": os.getpid()})
+        rows: list[tuple[str, int, list[float], int]] = []
+        first_id = 1_000
+        for rate in [int(r) for r in args.rates.split(",") if r]:
+            meter.start()
+            latencies, written, missing = paced_phase(args, run.dsn, run.arrivals, rate,
+                                                      first_id)
+            first_id += written + 1_000
+            rows.append((f"{rate:,} rows/s", written, latencies, missing))
+            print(_line(*rows[-1]), flush=True)
+            print(meter.report(), flush=True)
+        meter.start()
+        bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
         if bulk is not None:
-            print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
-                  f"end to end, {bulk[1]} missing")
+            print(meter.report(), flush=True)
+    print(f"\n{args.source} -> {args.sink}"
+          f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
+          f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'rate':>16} {'rows':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
+          f"{'max ms':>8} {'missing':>8}")
+    for row in rows:
+        print(_line(*row))
+    if bulk is not None:
+        print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
+              f"end to end, {bulk[1]} missing")
 
 
 def _warm_up(args: argparse.Namespace, dsn: str, arrivals: Arrivals, sup: Supervisor
