@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +51,12 @@ def write_account_tx(conn: Any, t: int, keys: int) -> None:
             cur.executemany("INSERT INTO acct VALUES (%s, 0)", [(k,) for k in range(keys)])
         else:
             cur.executemany("UPDATE acct SET v = %s WHERE id = %s", [(t, k) for k in range(keys)])
+
+
+def reached(values: dict[int, list[int]], keys: int) -> int:
+    """How far a `write_account_tx` workload arrived: the last transaction every one of
+    `keys` keys has reached (-1 until each key has a value)."""
+    return min((max(v) for v in values.values()), default=-1) if len(values) == keys else -1
 
 
 def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
@@ -105,6 +113,15 @@ class RunningPipeline:
     def cli_args(self) -> list[str]:
         """What the `tailrace` admin CLI needs to reach this pipeline's control service."""
         return ["--control", self.control_address, "--token-file", str(self.admin_token_file)]
+
+    def cli(self, *argv: str) -> str:
+        """Run the `tailrace` admin CLI against this pipeline's control service; its output
+        (it must succeed)."""
+        result = subprocess.run(
+            [sys.executable, "-m", "tailrace_services.cli.main", *argv, *self.cli_args()],
+            capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
 
     def start_all(self) -> None:
         for name in ("control", "capture", "delivery"):

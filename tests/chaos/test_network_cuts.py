@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
+from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -99,9 +99,7 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     pipeline.wait_capture_streaming()
 
     def delivered_up_to() -> int:
-        values = values_per_key(pipeline.redis_url, stream)
-        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
-            else -1
+        return reached(values_per_key(pipeline.redis_url, stream), KEYS)
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(BEFORE):
@@ -190,9 +188,7 @@ def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
             return found
 
     def delivered_up_to() -> int:
-        found = values()
-        return min((max(v) for v in found.values()), default=-1) if len(found) == KEYS \
-            else -1
+        return reached(values(), KEYS)
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(BEFORE):
@@ -232,9 +228,7 @@ def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
     pipeline.start_all()
 
     def delivered_up_to() -> int:
-        values = values_per_key(redis_server.url, "slow.acct")
-        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
-            else -1
+        return reached(values_per_key(redis_server.url, "slow.acct"), KEYS)
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(BEFORE):

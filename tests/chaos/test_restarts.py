@@ -15,8 +15,6 @@ key in source order, and no other process died.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +24,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tailrace.devservers import RedisServer
-from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
+from tests.fix_pipeline import reached, values_per_key, write_account_tx
 from tests.fix_sinks import read_kafka
 
 pytestmark = pytest.mark.chaos
@@ -48,9 +46,7 @@ def test_redis_killed_and_started_on_its_append_only_file_loses_and_repeats_noth
         pipeline.wait_capture_streaming()
 
         def delivered_up_to() -> int:
-            values = values_per_key(red.url, stream)
-            return min((max(v) for v in values.values()), default=-1) \
-                if len(values) == KEYS else -1
+            return reached(values_per_key(red.url, stream), KEYS)
 
         with psycopg.connect(pg_db, autocommit=True) as conn:
             for t in range(KILLED_AT):
@@ -90,9 +86,7 @@ def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
     pipeline.wait_capture_streaming()
 
     def delivered_up_to() -> int:
-        values = values_per_key(pipeline.redis_url, "ctl.acct")
-        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
-            else -1
+        return reached(values_per_key(pipeline.redis_url, "ctl.acct"), KEYS)
 
     def names_control(service: str) -> bool:
         status, body = pipeline.http_side(service, "/ready")
@@ -124,13 +118,6 @@ def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
           f"again after {STARTED_AT - KILLED_AT} more (capture's /ready named it meanwhile): "
           f"{KEYS * TRANSACTIONS} changes in Redis once each, in order")
 
-
-def _cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @pytest.fixture(params=["redis", "kafka"])
@@ -204,15 +191,13 @@ def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_al
     assert f"tailrace rewind {name} s1 --reset --confirm s1" in log
     assert sink.values_per_key() == {}, "nothing written past the gap"
 
-    _cli(pipeline, "pause", name)
-    _cli(pipeline, "rewind", name, "s1", "--reset", "--confirm", "s1")
-    _cli(pipeline, "resume", name)
+    pipeline.cli("pause", name)
+    pipeline.cli("rewind", name, "s1", "--reset", "--confirm", "s1")
+    pipeline.cli("resume", name)
     pipeline.start("delivery")
 
     def delivered_up_to() -> int:
-        values = sink.values_per_key()
-        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
-            else -1
+        return reached(sink.values_per_key(), KEYS)
 
     pipeline.wait_for(lambda: delivered_up_to() == STARTED_AT - 1, 300,
                       "every change in the sink after the rewind")

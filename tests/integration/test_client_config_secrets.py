@@ -12,14 +12,12 @@ test_delivery_config_error.py with the same check.)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.fix_pipeline import RunningPipeline, write_account_tx
+from tests.fix_pipeline import write_account_tx
 from tests.integration.test_delivery_config_error import add_bus_client_config
 
 pytestmark = pytest.mark.integration
@@ -29,13 +27,6 @@ SECRETS = {"sink": "sink-sasl-pw-0c4e1b", "sink key": "sink-key-pw-93d1aa",
 KEYS = 3
 DELIVERED_WITHIN_S = 300  # Spark start-up and the first batches on a loaded 2-core machine
 
-
-def tailrace_cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @pytest.fixture
@@ -66,13 +57,13 @@ def test_client_config_secrets_never_appear_in_logs(acct: str, pg_redis_pipeline
                       DELIVERED_WITHIN_S, "every change in Redis")
 
     def kafka_acknowledged() -> bool:
-        (answer,) = json.loads(tailrace_cli(pipeline, "checkpoints", name, "--json"))
+        (answer,) = json.loads(pipeline.cli("checkpoints", name, "--json"))
         k1 = next(s for s in answer["sinks"] if s["sink_id"] == "k1")
         return bool(k1["found"]) and not k1.get("last_error")
 
     pipeline.wait_for(kafka_acknowledged, 120, "the Kafka sink to acknowledge")
-    shown = {"pipelines --json": tailrace_cli(pipeline, "pipelines", "--json"),
-             "checkpoints --json": tailrace_cli(pipeline, "checkpoints", name, "--json")}
+    shown = {"pipelines --json": pipeline.cli("pipelines", "--json"),
+             "checkpoints --json": pipeline.cli("checkpoints", name, "--json")}
     pipeline.sup.stop(timeout=30)
     for service in ("control", "capture", "delivery"):
         shown[service] = (pipeline.dir / f"{service}.log").read_text(errors="replace")

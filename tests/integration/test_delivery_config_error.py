@@ -15,8 +15,6 @@ neither may appear in any log or in the CLI's `--json` output.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fix_pipeline import RunningPipeline, write_account_tx
+from tests.fix_pipeline import write_account_tx
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +31,6 @@ FAILED_WITHIN_S = 60    # from the failing batch's data to /health 503: no resta
 SINK_SECRET = "sink-sasl-pw-5e1f9c"
 BUS_SECRET = "bus-sasl-pw-77ad02"
 
-
-def tailrace_cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def add_bus_client_config(spec: Path, settings: str) -> None:
@@ -85,7 +76,7 @@ def test_a_config_error_on_an_executor_stops_delivery_with_exit_2_and_says_why(
     expected = ('configuration error: kafka sink k1: client_config: librdkafka refuses the '
                 'settings: Invalid value "zstandard" for configuration property')
     assert body["status"] == "unhealthy" and body["reason"].startswith(expected), body
-    (entry,) = [p for p in json.loads(tailrace_cli(pipeline, "pipelines", "--json"))
+    (entry,) = [p for p in json.loads(pipeline.cli("pipelines", "--json"))
                 if p["name"] == name]
     assert entry["state"] == "failed" and expected in entry["reason"], entry
     print(f"\n/health 503 {took:.1f} s after the change was written: {body['reason']}")
@@ -100,8 +91,8 @@ def test_a_config_error_on_an_executor_stops_delivery_with_exit_2_and_says_why(
 
     shown = {n: (pipeline.dir / f"{n}.log").read_text(errors="replace")
              for n in ("control", "capture", "delivery")}
-    shown["pipelines --json"] = tailrace_cli(pipeline, "pipelines", "--json")
-    shown["checkpoints --json"] = tailrace_cli(pipeline, "checkpoints", name, "--json")
+    shown["pipelines --json"] = pipeline.cli("pipelines", "--json")
+    shown["checkpoints --json"] = pipeline.cli("checkpoints", name, "--json")
     for where, text in shown.items():
         assert SINK_SECRET not in text and BUS_SECRET not in text, f"a secret in {where}"
     assert "client_config" in shown["delivery"]  # the error was logged, without the secret

@@ -12,8 +12,6 @@ arrives once, in order.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any
@@ -35,19 +33,12 @@ DEGRADED_WITHIN_S = 300
 RECOVERED_WITHIN_S = 180  # the retry delay is at most 30 s, then one batch
 
 
-def tailrace_cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
 
 def pipeline_row(pipeline: RunningPipeline, name: str) -> tuple[str, dict[str, Any]]:
     """This pipeline's line of `tailrace pipelines`, and its `--json` entry."""
-    table = tailrace_cli(pipeline, "pipelines")
+    table = pipeline.cli("pipelines")
     row = next(line for line in table.splitlines() if line.startswith(name + " "))
-    (entry,) = [p for p in json.loads(tailrace_cli(pipeline, "pipelines", "--json"))
+    (entry,) = [p for p in json.loads(pipeline.cli("pipelines", "--json"))
                 if p["name"] == name]
     return row, entry
 

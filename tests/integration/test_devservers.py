@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -189,46 +189,45 @@ def test_kafka_produce_and_consume(kafka_broker: KafkaBroker) -> None:
     assert values == [b"m0", b"m1", b"m2"]
 
 
-def test_tcp_proxy_cut_and_restore(
+@pytest.fixture
+def proxied_redis(
     redis_server: RedisServer, tcp_proxy: Callable[..., TcpProxy]
-) -> None:
+) -> Iterator[tuple[TcpProxy, redis.Redis]]:
+    """A proxy in front of the shared Redis, and a client through it that does not retry."""
     proxy = tcp_proxy(redis_server.port)
-    no_retry = Retry(NoBackoff(), retries=0)
-    client = redis.Redis(port=proxy.port, socket_timeout=2, retry=no_retry)
-    try:
-        client.set("proxied", "1")
-        assert client.get("proxied") == b"1"
-        proxy.cut()
-        with pytest.raises(redis.ConnectionError):
-            client.get("proxied")
-        with pytest.raises(redis.ConnectionError):
-            client.ping()  # new connections are refused, not hung
-        proxy.restore()
-        assert client.get("proxied") == b"1"
-    finally:
-        client.close()
+    client = redis.Redis(port=proxy.port, socket_timeout=5, retry=Retry(NoBackoff(), retries=0))
+    yield proxy, client
+    client.close()
+
+
+def test_tcp_proxy_cut_and_restore(proxied_redis: tuple[TcpProxy, redis.Redis]) -> None:
+    proxy, client = proxied_redis
+    client.set("proxied", "1")
+    assert client.get("proxied") == b"1"
+    proxy.cut()
+    with pytest.raises(redis.ConnectionError):
+        client.get("proxied")
+    with pytest.raises(redis.ConnectionError):
+        client.ping()  # new connections are refused, not hung
+    proxy.restore()
+    assert client.get("proxied") == b"1"
 
 
 def test_tcp_proxy_loses_a_reply_and_slows_a_link(
-    redis_server: RedisServer, tcp_proxy: Callable[..., TcpProxy]
+    proxied_redis: tuple[TcpProxy, redis.Redis]
 ) -> None:
-    proxy = tcp_proxy(redis_server.port)
-    no_retry = Retry(NoBackoff(), retries=0)
-    client = redis.Redis(port=proxy.port, socket_timeout=5, retry=no_retry)
-    try:
-        proxy.lose_reply_to(b"proxied-lost")
-        with pytest.raises(redis.ConnectionError):
-            client.set("proxied-lost", "1")
-        assert proxy.replies_lost == 1
-        assert client.get("proxied-lost") == b"1", "the request reached the server"
-        proxy.slow(delay_s=0.2, bytes_per_s=100_000)
-        started = time.monotonic()
-        client.set("proxied-big", "x" * 50_000)
-        assert time.monotonic() - started >= 0.8  # the rate (0.5 s), then 0.2 s each way
-        proxy.slow()
-        assert client.get("proxied-big") == b"x" * 50_000
-    finally:
-        client.close()
+    proxy, client = proxied_redis
+    proxy.lose_reply_to(b"proxied-lost")
+    with pytest.raises(redis.ConnectionError):
+        client.set("proxied-lost", "1")
+    assert proxy.replies_lost == 1
+    assert client.get("proxied-lost") == b"1", "the request reached the server"
+    proxy.slow(delay_s=0.2, bytes_per_s=100_000)
+    started = time.monotonic()
+    client.set("proxied-big", "x" * 50_000)
+    assert time.monotonic() - started >= 0.8  # the rate (0.5 s), then 0.2 s each way
+    proxy.slow()
+    assert client.get("proxied-big") == b"x" * 50_000
 
 
 def test_missing_binary_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

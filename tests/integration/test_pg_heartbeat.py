@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tailrace.devservers import PostgresServer
-from tests.fix_pipeline import RunningPipeline, values_per_key, write_account_tx
+from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +66,7 @@ def test_heartbeats_move_the_slot_of_an_idle_database_and_resume_from_them(
     pipeline.wait_capture_streaming()
 
     def delivered_up_to() -> int:
-        values = values_per_key(pipeline.redis_url, f"{stream}.acct")
-        return min((max(v) for v in values.values()), default=-1) if len(values) == KEYS \
-            else -1
+        return reached(values_per_key(pipeline.redis_url, f"{stream}.acct"), KEYS)
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(3):

@@ -11,8 +11,6 @@ one JSON object per line (Spark's and librdkafka's lines included) and holds no 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from typing import Any
@@ -29,13 +27,6 @@ ARRIVE_WITHIN_S = 240  # Spark start-up (15-40 s on this loaded machine) and the
 PAUSED_WITHIN_S = 60
 REDELIVERED_WITHIN_S = 180
 
-
-def tailrace_cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @pytest.fixture
@@ -74,18 +65,18 @@ def test_reset_redelivers_what_the_sink_had_and_pause_is_quiet(
                       ARRIVE_WITHIN_S, "the first four transactions")
     first = [e["id"] for e in pipeline.stream_entries(stream)]
 
-    assert tailrace_cli(pipeline, "pause", name, "--reason", "reset redis1").strip() == \
+    assert pipeline.cli("pause", name, "--reason", "reset redis1").strip() == \
         f"pipeline {name} paused"
     pipeline.wait_for(lambda: pipeline.log_count("delivery", "pipeline paused; waiting for "
                                                  "resume") > 0,
                       PAUSED_WITHIN_S, "delivery to stop its query for the pause")
-    out = tailrace_cli(pipeline, "rewind", name, "redis1", "--reset", "--confirm", "redis1")
+    out = pipeline.cli("rewind", name, "redis1", "--reset", "--confirm", "redis1")
     assert "to the earliest available position" in out
-    (answer,) = json.loads(tailrace_cli(pipeline, "checkpoints", name, "--json"))
+    (answer,) = json.loads(pipeline.cli("checkpoints", name, "--json"))
     (sink,) = answer["sinks"]
     assert sink["checkpoint"]["rewind"] == 1 and sink["checkpoint"]["version"] >= 2
     assert sink["lag_offsets"] > 0, "a reset sink is behind by everything on the bus"
-    tailrace_cli(pipeline, "resume", name)
+    pipeline.cli("resume", name)
 
     pipeline.wait_for(lambda: len(pipeline.stream_entries(stream)) >= 8 * KEYS,
                       REDELIVERED_WITHIN_S, "the sink to receive again what it had")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -34,13 +32,6 @@ RECOVERED_WITHIN_S = 180  # the retry delay is at most 30 s, then one batch
 LSN = re.compile(r"\b[0-9A-F]{1,8}/[0-9A-F]{1,8}\b")
 
 
-def tailrace_cli(pipeline: RunningPipeline, *argv: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tailrace_services.cli.main", *argv, *pipeline.cli_args()],
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
 
 def metrics(port: int) -> dict[str, float]:
     """`name{labels}` -> value of control's /metrics."""
@@ -52,9 +43,9 @@ def metrics(port: int) -> dict[str, float]:
 
 def sink_json(pipeline: RunningPipeline, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the sink in `pipelines --json`, the sink in `checkpoints --json`)."""
-    (info,) = [p for p in json.loads(tailrace_cli(pipeline, "pipelines", "--json"))
+    (info,) = [p for p in json.loads(pipeline.cli("pipelines", "--json"))
                if p["name"] == name]
-    (answer,) = json.loads(tailrace_cli(pipeline, "checkpoints", name, "--json"))
+    (answer,) = json.loads(pipeline.cli("checkpoints", name, "--json"))
     return info["sinks"][0], answer["sinks"][0]
 
 
@@ -106,14 +97,14 @@ def test_a_refusing_sink_shows_its_error_and_a_growing_lag(
            checkpoint_sink["lag_seconds"])
     assert lag[0] >= 3 * KEYS and lag[1] > 0, f"three transactions behind: {lag}"
 
-    table = tailrace_cli(pipeline, "pipelines")
+    table = pipeline.cli("pipelines")
     row = next(line for line in table.splitlines() if line.startswith(name + " "))
     assert "redis1 (failing)" in row
     if " running " in row:  # before it turns degraded, the reason names the sink and error
         assert "sink redis1 failing (" in row and "Connection refused" in row
     else:
         assert " degraded " in row
-    table = tailrace_cli(pipeline, "checkpoints", name)
+    table = pipeline.cli("checkpoints", name)
     header, row = table.splitlines()
     assert header.split()[:5] == ["PIPELINE", "SINK", "REQUIRED", "POSITION", "TX_SEQ"]
     assert row.split()[3] == position["native"] and "Connection refused" in row
