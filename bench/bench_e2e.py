@@ -330,6 +330,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=1, help="spec.bus.partitions")
     parser.add_argument("--epoch-ms", type=int, default=0,
                         help="spec.source.epoch_ms (default: the spec's default)")
+    parser.add_argument("--bus", choices=("tansu", "noida"), default="tansu",
+                        help="the bus's broker: Tansu keeps topics in memory and its fetch "
+                             "slows as a partition grows (docs/performance.md, soak); "
+                             "noida-db does not")
 
 
 @contextlib.contextmanager
@@ -341,7 +345,8 @@ def running_pipeline(args: argparse.Namespace, prefix: str) -> Iterator[Running]
     # The Kafka sink is exactly-once: on noida-db, which filters aborted transactions and
     # reports fencing as the tests need (DESIGN.md); the bus stays on Tansu.
     sink_broker = NoidaKafka() if args.sink == "kafka" else contextlib.nullcontext()
-    with source_server as source, KafkaBroker() as kafka, RedisServer() as red, \
+    bus_broker = NoidaKafka() if args.bus == "noida" else KafkaBroker()
+    with source_server as source, bus_broker as kafka, RedisServer() as red, \
             sink_broker as out_kafka:
         if isinstance(source, PostgresServer):
             source.execute("CREATE TABLE items (id bigint PRIMARY KEY, payload text)")

@@ -105,9 +105,42 @@ class EpochStore:
 
     def range(self, source_id: str, after_epoch_id: int, up_to_epoch_id: int, limit: int
               ) -> list[pb.Epoch]:
-        epochs = [e for e in self.history(source_id) if e.epoch_id > after_epoch_id
-                  and (up_to_epoch_id == 0 or e.epoch_id <= up_to_epoch_id)]
-        return epochs[:limit]
+        """At most `limit` epochs past `after_epoch_id` (up to `up_to_epoch_id`, 0: no end),
+        oldest first. Delivery asks at every micro-batch for the few epochs past the one it
+        planned last: they are found by a binary search of the log (`_read_after`), not by
+        reading all the history it keeps (which made each call slower as it grew)."""
+        name = _history(source_id)
+        page = self._storage.log_read(name, after=self._read_after(name, after_epoch_id),
+                                      limit=limit)
+        epochs = [pb.Epoch.FromString(v) for _, v in page]
+        return [e for e in epochs if e.epoch_id > after_epoch_id
+                and (up_to_epoch_id == 0 or e.epoch_id <= up_to_epoch_id)]
+
+    def _read_after(self, name: str, epoch_id: int) -> int:
+        """The log sequence to read after for the epochs past `epoch_id`: epoch ids grow
+        with the log's sequence, so a few one-entry reads find it (an exponential probe,
+        then a bisection)."""
+
+        def entry(after: int) -> tuple[int, int] | None:
+            """(sequence, epoch id) of the first entry past sequence `after`."""
+            found = self._storage.log_read(name, after=after, limit=1)
+            return (found[0][0], pb.Epoch.FromString(found[0][1]).epoch_id) if found else None
+
+        first = entry(0)
+        if first is None or first[1] > epoch_id:
+            return 0
+        lo, step = first[0], 1  # the entry at `lo` is at or before `epoch_id`
+        while (probe := entry(lo + step - 1)) is not None and probe[1] <= epoch_id:
+            lo, step = probe[0], step * 2
+        hi = probe[0] if probe is not None else lo + step  # past it, or past the end
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            probe = entry(mid - 1)
+            if probe is None or probe[0] >= hi or probe[1] > epoch_id:
+                hi = mid
+            else:
+                lo = probe[0]
+        return lo
 
 
 class EpochsServicer(rpc.EpochsServicer):
