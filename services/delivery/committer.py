@@ -44,6 +44,8 @@ class BatchReport:
     policy_satisfied: bool = True
     reason: str = ""
     advanced: list[str] = field(default_factory=list)  # sinks whose checkpoint moved forward
+    # exactly-once sinks: per sink and bus partition, where its stored checkpoint is now
+    stored: dict[str, dict[int, Position]] = field(default_factory=dict)
 
     @property
     def lagging(self) -> list[str]:
@@ -97,6 +99,10 @@ class BatchCommitter:
                 report.delivered[sid] = report.delivered.get(sid, 0) + o["delivered"]
                 report.write_s[sid] = max(report.write_s.get(sid, 0.0), o["write_s"])
                 report.e2e_ms_max = max(report.e2e_ms_max, o["e2e_ms_max"])
+                if o.get("stored") is not None:
+                    tx_seq, event_index = o["stored"]
+                    report.stored.setdefault(sid, {})[row["partition"]] = Position(
+                        tx_seq=tx_seq, event_index=event_index)
                 if o["error"]:
                     report.errors[sid] = f"{o['error_class']}: {o['error']}"
                     report.error_classes[sid] = o["error_class"]
@@ -123,9 +129,11 @@ class BatchCommitter:
         return appended
 
     def new_checkpoint(self, sink_id: str, old: pb.Checkpoint | None, rows: list[Any],
-                       generation_start: dict[int, int] | None = None) -> pb.Checkpoint:
+                       generation_start: dict[int, int] | None = None,
+                       stored: dict[int, Position] | None = None) -> pb.Checkpoint:
         """`old` moved on by the batch's `rows`; `generation_start`: where the rows' bus
-        generation begins, when it is not `old`'s (`tailrace.bus_generation`)."""
+        generation begins, when it is not `old`'s (`tailrace.bus_generation`); `stored`:
+        where the sink's stored checkpoint is now, per partition (`BatchReport.stored`)."""
         cp = pb.Checkpoint(pipeline=self.pipeline.name, source_id=self.source_id, sink_id=sink_id)
         generation = max((row["generation"] for row in rows),
                          default=old.bus_generation if old is not None else 0)
@@ -137,14 +145,10 @@ class BatchCommitter:
             old.bus_generation == generation else dict(generation_start or {})
         for p, o in offsets.items():
             cp.bus_offsets[p] = o
-        for p, pos in old.sink_stored.items() if old is not None else ():
+        for p, pos in [*(old.sink_stored.items() if old is not None else ()),
+                       *(stored or {}).items()]:
             cp.sink_stored[p].CopyFrom(pos)  # source positions: of no bus generation
         for row in rows:
-            for o in json.loads(row["outcomes"]):
-                if o["sink_id"] == sink_id and o.get("stored") is not None:
-                    tx_seq, event_index = o["stored"]
-                    cp.sink_stored[row["partition"]].CopyFrom(
-                        Position(tx_seq=tx_seq, event_index=event_index))
             if row["end_offset"] >= 0:
                 cp.bus_offsets[row["partition"]] = max(cp.bus_offsets.get(row["partition"], 0),
                                                        row["end_offset"])
@@ -164,7 +168,8 @@ class BatchCommitter:
             outcomes.append(pb.SinkOutcome(
                 sink_id=sink_id, required=spec.required,
                 acknowledged=report.acked.get(sink_id, True),
-                checkpoint=self.new_checkpoint(sink_id, old, rows, start),
+                checkpoint=self.new_checkpoint(sink_id, old, rows, start,
+                                               report.stored.get(sink_id)),
                 expected_version=old.version if old is not None else 0,
                 error=report.errors.get(sink_id, "")))
         answer = self.control.report_batch(self.pipeline.name, self.source_id,

@@ -318,3 +318,17 @@ def test_snapshot_settings_are_checked_and_what_is_not_built_is_refused():
                        ("{signal_table: nodot}", r"snapshot\.signal_table")]:
         with pytest.raises(ConfigError, match=match):
             parse_pipeline(mysql(bad), env=env)
+
+
+def test_heartbeat_ms_is_read_for_both_sources_and_a_negative_one_is_refused():
+    """Used by capture (tests/integration/test_pg_heartbeat.py, test_mysql_heartbeat.py)."""
+    env = {"PG_DSN": "postgresql://h/db"}
+    assert parse_pipeline(GOOD, env=env).spec.source.heartbeat_ms == 0, "off by default"
+    pg = GOOD.replace("tables: [public.orders, shop.order_%]}",
+                      "tables: [public.orders], heartbeat_ms: 10000}")
+    assert parse_pipeline(pg, env=env).spec.source.heartbeat_ms == 10_000
+    mysql = pg.replace("type: postgres", "type: mysql").replace("public.orders", "shop.orders")
+    assert parse_pipeline(mysql, env={"PG_DSN": "mysql://u@h/shop"}
+                          ).spec.source.heartbeat_ms == 10_000
+    with pytest.raises(ConfigError, match=r"heartbeat_ms"):
+        parse_pipeline(pg.replace("heartbeat_ms: 10000", "heartbeat_ms: -1"), env=env)

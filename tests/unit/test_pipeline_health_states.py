@@ -215,11 +215,16 @@ def test_a_checkpoint_keeps_what_each_partition_of_the_sink_stored():
     old.sink_stored[0].tx_seq, old.sink_stored[1].tx_seq = 4, 3
 
     def row(partition: int, stored: list[int] | None) -> dict[str, object]:
-        outcomes = [{"sink_id": "a", "stored": stored}, {"sink_id": "b", "stored": [99, 0]}]
-        return {"partition": partition, "generation": 1, "end_offset": 10,
-                "epoch_position": None, "outcomes": json.dumps(outcomes)}
+        outcome = {"acked": True, "delivered": 1, "write_s": 0.0, "e2e_ms_max": 0.0,
+                   "error": "", "error_class": ""}
+        outcomes = [{**outcome, "sink_id": "a", "stored": stored},
+                    {**outcome, "sink_id": "b", "stored": [99, 0]}]
+        return {"partition": partition, "generation": 1, "end_offset": 10, "events": 1,
+                "task_ms": 0.0, "read_ms": 0.0, "epoch_position": None,
+                "outcomes": json.dumps(outcomes)}
 
-    new = committer.new_checkpoint("a", old, [row(0, [7, 2]), row(1, None)])
+    rows = [row(0, [7, 2]), row(1, None)]
+    new = committer.new_checkpoint("a", old, rows, stored=committer.summarize(rows).stored["a"])
     assert {p: (s.tx_seq, s.event_index) for p, s in new.sink_stored.items()} == {
         0: (7, 2), 1: (3, 0)}
 
