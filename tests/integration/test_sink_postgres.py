@@ -13,8 +13,15 @@ import pytest
 
 from tailrace.config import PostgresSinkSpec
 from tailrace.errors import NonRetryableError, RetryableError
-from tailrace.events import UNCHANGED_TOAST, ChangeEvent, Column, Op, value_of
-from tailrace_services.delivery.sinks.base import BatchCommit
+from tailrace.events import (
+    UNCHANGED_TOAST,
+    ChangeEvent,
+    Column,
+    Op,
+    event_to_json_dict,
+    value_of,
+)
+from tailrace_services.delivery.sinks.base import BatchCommit, PerEventError
 from tailrace_services.delivery.sinks.postgres import PostgresSink
 from tests.fix_sinks import PG_PASSWORD, batches_of, final_state, sink_spec, source_events
 
@@ -150,6 +157,41 @@ def test_truncate_and_added_columns(pg_db: str) -> None:
     with psycopg.connect(pg_db) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM items").fetchone() != (0,)
+
+
+def key_values(event: ChangeEvent) -> tuple[str, int]:
+    doc = event_to_json_dict(event)
+    return event.table, (doc["before"] if event.op == Op.OP_DELETE else doc["after"])["id"]
+
+
+def test_rows_the_target_refuses_fail_alone_and_the_rest_is_written(pg_db: str) -> None:
+    """A row that breaks a constraint of the target (here a CHECK) fails alone, named with
+    the constraint: nothing of the batch is committed by that write, and the rest of it is
+    written again without it (what delivery does with the journal on, `fanout._write`)."""
+    add_audit(pg_db)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE orders ADD CONSTRAINT no_poison CHECK (note <> 'poison')")
+    events = source_events(300, tables=("orders",))
+    last: dict[tuple[str, int], int] = {}
+    for i, e in enumerate(events):
+        last[key_values(e)] = i
+    poison = next(i for i, e in enumerate(events) if e.op == Op.OP_INSERT
+                  and last[key_values(e)] == i)
+    note = next(c for c in events[poison].after.columns if c.name == "note")
+    note.value.CopyFrom(value_of("poison"))
+    sink = make_sink(pg_db)
+    with pytest.raises(PerEventError) as refused:
+        sink.write(events, commit(events))
+    assert [i for i, _ in refused.value.failures] == [poison]
+    reason = refused.value.failures[0][1]
+    assert "no_poison" in reason and "23514" in reason and "public.orders" in reason, reason
+    assert audited(pg_db) == 0 and sink.stored_position() is None, "nothing committed"
+    rest = events[:poison] + events[poison + 1:]
+    sink.write(rest, commit(events))
+    assert replica(pg_db) == expected(rest)
+    assert audited(pg_db) == len(rest)
+    assert sink.stored_position() == events[-1].position
+    sink.close()
 
 
 def test_a_changed_key_keeps_the_values_the_source_did_not_send(pg_db: str) -> None:

@@ -21,7 +21,11 @@ Rows are found by the event's key columns (the source's primary key). A table wi
 one (no primary key, REPLICA IDENTITY FULL or NOTHING) is created without a primary key
 and its inserts are applied; its updates and deletes cannot be, and fail alone as a
 `PerEventError` naming the table and the fix (dead-lettered with the journal on, else
-the pipeline stops), before anything of the batch is written.
+the pipeline stops), before anything of the batch is written. Rows the target refuses
+for their values (a CHECK, NOT NULL or foreign key, a value out of range: SQLSTATE classes
+22 and 23) fail alone the same way: the batch is applied in a savepoint, and when that
+fails for such a reason each event is tried in a savepoint of its own to name them; the
+transaction is rolled back, and the rest is written again without them.
 """
 
 from __future__ import annotations
@@ -83,6 +87,13 @@ _AUTH_TEXT = ("password authentication failed", "no pg_hba.conf entry", "role \"
               "authentication failed", "database \"")
 
 
+def refuses_rows(error: BaseException) -> bool:
+    """The target refused rows for their values (SQLSTATE classes 22, data exception, and
+    23, integrity constraint violation): those rows fail alone, the rest can be written."""
+    state = getattr(error, "sqlstate", None) or ""
+    return state.startswith(("22", "23"))
+
+
 def classify_postgres(error: BaseException) -> type[TailraceError]:
     """SQLSTATE classes as Debezium does: communication retryable, auth (28) and the rest not."""
     state = getattr(error, "sqlstate", None)
@@ -112,7 +123,19 @@ class _Transaction(AtomicWrite):
 
     def write(self, events: Sequence[ChangeEvent], indexes: list[int],
               commit: BatchCommit) -> None:
-        self._sink.apply(self._conn, [events[i] for i in indexes])
+        todo = [events[i] for i in indexes]
+        try:
+            with self._conn.transaction():  # a savepoint: the rows' error leaves it usable
+                self._sink.apply(self._conn, todo)
+        except psycopg.Error as e:
+            if not refuses_rows(e):
+                raise
+            failures = self._sink.refused(self._conn, todo)
+            if not failures:  # no row alone: the batch as a whole
+                raise
+            raise PerEventError(
+                f"postgres sink {self._sink.id}: the target refused {len(failures)} row(s); first: "
+                f"{failures[0][1]}", [(indexes[i], reason) for i, reason in failures]) from None
         p = commit.position
         self._conn.execute(_STORE_CHECKPOINT, [p.SerializeToString(), p.tx_seq, p.event_index,
                                                *self._key])
@@ -223,6 +246,26 @@ class PostgresSink(ExactlyOnceSink):
                     statement = _sql(kind, table, cols, first.keys).as_string(conn)
                     self._sql[(kind, name, cols, first.keys)] = statement
                 cur.executemany(statement, [r.params for r in rows])
+
+    def refused(self, conn: psycopg.Connection[Any], events: Sequence[ChangeEvent]
+                ) -> list[tuple[int, str]]:
+        """(index, reason) of the events the target refuses by their values (a constraint,
+        a value out of range: `refuses_rows`), each applied in order in a savepoint of its
+        own on `conn`'s transaction; the caller rolls the transaction back."""
+        failures = []
+        for i, event in enumerate(events):
+            try:
+                with conn.transaction():
+                    self.apply(conn, [event])
+            except psycopg.Error as e:
+                if not refuses_rows(e):
+                    raise
+                diag = e.diag
+                failures.append((i, redact(
+                    f"a row of {_source_table(event)}: {diag.message_primary} ({diag.sqlstate}"
+                    + (f", constraint {diag.constraint_name}" if diag.constraint_name else "")
+                    + ")")))
+        return failures
 
     def _add_columns(self, conn: psycopg.Connection[Any], table: sql.Composable, name: str,
                      missing: list[Column], event: ChangeEvent) -> None:
