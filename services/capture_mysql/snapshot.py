@@ -366,15 +366,40 @@ class MysqlChunks:
     def begin_table(self, plan: TablePlan) -> None:
         """Nothing to note: no transaction can be hidden from a read (module docstring)."""
 
+    def boundary(self, plan: TablePlan, after: list[str] | None, size: int, where: str
+                 ) -> list[str] | None:
+        table = self._table(plan.table)
+        keys = ", ".join(_q(k) for k in table.chunk_key)
+        condition, params = self._conditions(table, after, None, where)
+        query = (f"SELECT {keys} FROM {_q(table.database)}.{_q(table.name)}{condition} "  # noqa: S608 - quoted identifiers
+                 f"ORDER BY {keys} LIMIT {int(size) - 1}, 2")
+        with self._connection().cursor() as cur:
+            cur.execute(query, params)
+            rows = cur.fetchall()
+        if len(rows) < 2:  # at most `size` rows left: the last range
+            return None
+        if table.given and self._same_key(table, rows[0], rows[1]):
+            raise _repeated(table, list(rows[0]))
+        return [cursor_text(v) for v in rows[0]]
+
+    def _same_key(self, table: _Table, one: Sequence[Any], other: Sequence[Any]) -> bool:
+        """Whether two keys are equal as the server compares them (its collations)."""
+        same = " AND ".join("%s <=> %s" for _ in one)
+        with self._connection().cursor() as cur:
+            cur.execute(f"SELECT {same}", [v for pair in zip(one, other, strict=True)  # noqa: S608 - placeholders only
+                                           for v in pair])
+            row = cur.fetchone()
+        return bool(row and row[0])
+
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
-                   token: str) -> ChunkRows:
+                   token: str, upto: list[str] | None = None) -> ChunkRows:
         """Low watermark, then the SELECT; when the table's structure changed around it (a
         DDL between the catalog read and the SELECT), the SELECT again with the new columns —
         still between the watermarks, so still a valid read."""
         table = self._current(plan)
         self._write(token, high=False)
         for _ in range(SHAPE_ATTEMPTS):
-            template, rows, cursor, more = self._select(table, after, limit, where)
+            template, rows, cursor, more = self._select(table, after, upto, limit, where)
             now = self._current(plan)
             if now.shape.fingerprint == table.shape.fingerprint:
                 return ChunkRows(template, rows, cursor, more, forgettable=lambda _tx: True)
@@ -384,11 +409,12 @@ class MysqlChunks:
         raise RetryableError(f"the structure of {plan.table} kept changing during a snapshot "
                              "chunk's read")
 
-    def _select(self, table: _Table, after: list[str] | None, limit: int,
-                where: str) -> tuple[ChangeEvent, dict[Key, ReadRow], list[str] | None, bool]:
+    def _select(self, table: _Table, after: list[str] | None, upto: list[str] | None,
+                limit: int, where: str
+                ) -> tuple[ChangeEvent, dict[Key, ReadRow], list[str] | None, bool]:
         """(the table's read event without its row, the rows by the merger's key, the
         cursor after them, whether rows follow)."""
-        query, params = self._query(table, after, limit, where)
+        query, params = self._query(table, after, upto, limit, where)
         template = ChangeEvent(source_id=self.source_id, tenant=self.tenant,
                                database=table.database, table=table.name,
                                op=Op.OP_SNAPSHOT_READ, key_columns=table.shape.key_columns,
@@ -397,46 +423,68 @@ class MysqlChunks:
         key_index = table.key_index  # the chunk key, as the plan's (`_current` checks)
         with self._connection().cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(query, params)
-            raw_rows = list(cur.fetchall_unbuffered())  # limit + 1 rows at most
+            raw_rows = list(cur.fetchall_unbuffered())  # limit + 1 rows at most, or a range
         if table.given:  # its last column: a repeated key (`_with_repeats`)
             for raw in raw_rows:
                 if raw[-1]:
                     raise _repeated(table, [raw[i] for i in key_index])
             raw_rows = [raw[:-1] for raw in raw_rows]
-        more = len(raw_rows) > limit
-        del raw_rows[limit:]  # the extra row only says the table goes on
+        more = upto is not None or len(raw_rows) > limit
+        if upto is None:
+            del raw_rows[limit:]  # the extra row only says the table goes on
         rows = chunk_rows(raw_rows, table.kinds, table.encoders, table.prefixes, key_index,
                           table.bus_index, table.head)
         last = raw_rows[-1] if raw_rows else None
         cursor = [cursor_text(last[i]) for i in key_index] if last is not None else None
         return template, rows, cursor, more
 
-    def _query(self, table: _Table, after: list[str] | None, limit: int, where: str
-               ) -> tuple[str, list[Any]]:
+    @staticmethod
+    def _beyond(table: _Table, bound: list[str]) -> tuple[str, list[Any]]:
+        """`(k1, k2, ...) > (v1, v2, ...)` spelled so that the optimizer ranges on k1."""
         keys = table.chunk_key
-        query = f"SELECT {table.select} FROM {_q(table.database)}.{_q(table.name)}"  # noqa: S608 - quoted identifiers
+
+        def value(k: str) -> str:
+            return "UNHEX(%s)" if k in table.binary_keys else "%s"
+
+        alternatives = []
+        params: list[Any] = []
+        for i, k in enumerate(keys):
+            parts = [f"{_q(p)} = {value(p)}" for p in keys[:i]] + [f"{_q(k)} > {value(k)}"]
+            alternatives.append("(" + " AND ".join(parts) + ")")
+            params.extend([*bound[:i], bound[i]])
+        if len(keys) == 1:
+            return alternatives[0], params
+        return (f"{_q(keys[0])} >= {value(keys[0])} AND ({' OR '.join(alternatives)})",
+                [bound[0], *params])
+
+    @staticmethod
+    def _conditions(table: _Table, after: list[str] | None, upto: list[str] | None,
+                    where: str) -> tuple[str, list[Any]]:
         conditions: list[str] = []
         params: list[Any] = []
         if after is not None:
-            def value(k: str) -> str:
-                return "UNHEX(%s)" if k in table.binary_keys else "%s"
-
-            # (k1, k2, ...) > (v1, v2, ...) spelled so that the optimizer ranges on k1
-            alternatives = []
-            for i, k in enumerate(keys):
-                parts = [f"{_q(p)} = {value(p)}" for p in keys[:i]] + [f"{_q(k)} > {value(k)}"]
-                alternatives.append("(" + " AND ".join(parts) + ")")
-                params.extend([*after[:i], after[i]])
-            first = f"{_q(keys[0])} >= {value(keys[0])}"
-            conditions.append(f"{first} AND ({' OR '.join(alternatives)})" if len(keys) > 1
-                              else alternatives[0])
-            if len(keys) > 1:
-                params.insert(0, after[0])
+            beyond, values = MysqlChunks._beyond(table, after)
+            conditions.append(beyond)
+            params.extend(values)
+        if upto is not None:  # NOT beyond it, with the first column's range spelled out
+            first = table.chunk_key[0]
+            value = "UNHEX(%s)" if first in table.binary_keys else "%s"
+            beyond, values = MysqlChunks._beyond(table, upto)
+            conditions.append(f"{_q(first)} <= {value} AND NOT ({beyond})")
+            params.extend([upto[0], *values])
         if where:
             conditions.append(f"({where.replace('%', '%%')})")  # an admin's filter, parsed by control
-        if conditions:
-            query += " WHERE " + " AND ".join(conditions)
-        query += f" ORDER BY {', '.join(_q(k) for k in keys)} LIMIT {int(limit) + 1}"
+        return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
+
+    @staticmethod
+    def _query(table: _Table, after: list[str] | None, upto: list[str] | None, limit: int,
+               where: str) -> tuple[str, list[Any]]:
+        keys = table.chunk_key
+        condition, params = MysqlChunks._conditions(table, after, upto, where)
+        query = f"SELECT {table.select} FROM {_q(table.database)}.{_q(table.name)}{condition}"  # noqa: S608 - quoted identifiers
+        query += f" ORDER BY {', '.join(_q(k) for k in keys)}"
+        if upto is None:
+            query += f" LIMIT {int(limit) + 1}"
         return (_with_repeats(query, keys) if table.given else query), params
 
     def write_high(self, token: str) -> None:

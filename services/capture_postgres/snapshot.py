@@ -120,6 +120,13 @@ class _Table:
         self.bus_index = tuple(sorted(self.key_index))  # `bus_key`: the row's column order
 
 
+def _repeated(table: _Table, key: list[Any]) -> ConfigError:
+    return ConfigError(
+        f"spec.source.snapshot.key_columns: {table.schema}.{table.name} has two rows with "
+        f"{', '.join(table.keys)} = {', '.join(map(str, key))}; give columns that are unique "
+        "(and not null)")
+
+
 class PostgresChunks:
     """`ChunkSource` for PostgreSQL (module docstring); one connection, used by the
     snapshot worker's thread only."""
@@ -182,8 +189,50 @@ class PostgresChunks:
         """Nothing to prepare: the merger knows which transactions it streamed before it
         recorded the table (`SnapshotMerger._start_recording`)."""
 
+    def _key_bound(self, table: _Table, op: str, bound: list[str]) -> sql.Composable:
+        """`(key) <op> (bound)`, the bound as the key columns' text cast to their types."""
+        return sql.SQL("({}) {} ({})").format(
+            sql.SQL(", ").join(sql.Identifier(k) for k in table.keys), sql.SQL(op),
+            sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(table.sql_types[k]))
+                               for k in table.keys))
+
+    def _conditions(self, table: _Table, after: list[str] | None, upto: list[str] | None,
+                    where: str) -> tuple[sql.Composable, list[Any]]:
+        conditions: list[sql.Composable] = []
+        params: list[Any] = []
+        if after is not None:
+            conditions.append(self._key_bound(table, ">", after))
+            params.extend(after)
+        if upto is not None:
+            conditions.append(self._key_bound(table, "<=", upto))
+            params.extend(upto)
+        if where:
+            conditions.append(sql.SQL("({})").format(sql.SQL(where)))  # noqa: S608 - an admin's filter, parsed by control
+        if not conditions:
+            return sql.SQL(""), params
+        return sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conditions)), params
+
+    def boundary(self, plan: TablePlan, after: list[str] | None, size: int, where: str
+                 ) -> list[str] | None:
+        table = self._table(plan.table)
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.keys)
+        condition, params = self._conditions(table, after, None, where)
+        query = sql.SQL("SELECT {keys} FROM {schema}.{name}{condition} ORDER BY {keys} "
+                        "OFFSET {skip} LIMIT 2").format(
+            keys=keys, schema=sql.Identifier(table.schema), name=sql.Identifier(table.name),
+            condition=condition, skip=sql.Literal(size - 1))
+        reader = self._connection().cursor()
+        for column in table.relation.columns:  # the server's text, as `read_chunk`'s cursor
+            reader.adapters.register_loader(column.type_oid, TextLoader)
+        rows = reader.execute(query, params).fetchall()
+        if len(rows) < 2:  # at most `size` rows left: the last range
+            return None
+        if table.keys_unchecked and rows[0] == rows[1]:
+            raise _repeated(table, list(rows[0]))
+        return [str(v) for v in rows[0]]
+
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
-                   token: str) -> ChunkRows:
+                   token: str, upto: list[str] | None = None) -> ChunkRows:
         table = self._table(plan.table)
         conn = self._connection()
         columns = table.relation.columns
@@ -191,23 +240,13 @@ class PostgresChunks:
         for column in columns:  # the server's text for every column, as pgoutput sends it
             reader.adapters.register_loader(column.type_oid, TextLoader)
         keys = [sql.Identifier(k) for k in table.keys]
-        query = sql.SQL("SELECT {} FROM {}.{}").format(
+        condition, params = self._conditions(table, after, upto, where)
+        query = sql.SQL("SELECT {} FROM {}.{}{} ORDER BY {}").format(
             sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
-            sql.Identifier(table.schema), sql.Identifier(table.name))
-        conditions: list[sql.Composable] = []
-        params: list[Any] = []
-        if after is not None:
-            conditions.append(sql.SQL("({}) > ({})").format(
-                sql.SQL(", ").join(keys),
-                sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(table.sql_types[k]))
-                                   for k in table.keys)))
-            params.extend(after)
-        if where:
-            conditions.append(sql.SQL("({})").format(sql.SQL(where)))  # noqa: S608 - an admin's filter, parsed by control
-        if conditions:
-            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conditions))
-        query = sql.SQL("{} ORDER BY {} LIMIT {}").format(
-            query, sql.SQL(", ").join(keys), sql.Literal(limit + 1))  # one more: is it the end?
+            sql.Identifier(table.schema), sql.Identifier(table.name), condition,
+            sql.SQL(", ").join(keys))
+        if upto is None:  # one more: is it the end?
+            query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit + 1))
         conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                      (WATERMARK_PREFIX, watermark_content(token, high=False)))
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -215,10 +254,11 @@ class PostgresChunks:
             snapshot = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
             assert snapshot is not None
             raw_rows = reader.execute(query, params).fetchall()
-            more = len(raw_rows) > limit
+            more = upto is not None or len(raw_rows) > limit
             if table.keys_unchecked:
                 self._check_unique(table, raw_rows)
-            del raw_rows[limit:]
+            if upto is None:
+                del raw_rows[limit:]
             xmin, xmax, xip = snapshot[0].split(":")
             running = [int(x) for x in xip.split(",") if x]
             conn.execute("COMMIT")
@@ -242,17 +282,15 @@ class PostgresChunks:
         """A key from `snapshot.key_columns` has no constraint behind it: two rows with the
         same key would be one to the merger, or split by a chunk boundary (the next chunk
         starts after the key). Sorted rows put such rows side by side, here or across the
-        boundary (the extra row read to tell whether more follow)."""
+        boundary (the extra row read to tell whether more follow; a range's end and the row
+        after it, `boundary`)."""
         columns = [c.name for c in table.relation.columns]
         index = [columns.index(k) for k in table.keys]
         previous = None
         for raw in raw_rows:
             key = [raw[i] for i in index]
             if key == previous:
-                raise ConfigError(
-                    f"spec.source.snapshot.key_columns: {table.schema}.{table.name} has two rows "
-                    f"with {', '.join(table.keys)} = {', '.join(map(str, key))}; give columns "
-                    "that are unique (and not null)")
+                raise _repeated(table, key)
             previous = key
 
     def write_high(self, token: str) -> None:

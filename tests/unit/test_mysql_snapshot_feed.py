@@ -40,20 +40,34 @@ def _table(keys: tuple[str, ...], binary: frozenset[str] = frozenset(), given: b
 
 
 def test_the_chunk_query_ranges_on_the_first_key_column_and_escapes_the_filter() -> None:
-    query, params = MysqlChunks._query(None, _table(("id",)), None, 10, "")  # type: ignore[arg-type]
+    query, params = MysqlChunks._query(_table(("id",)), None, None, 10, "")
     assert (query, params) == ("SELECT `a`, `b` FROM `shop`.`t` ORDER BY `id` LIMIT 11", [])
-    query, params = MysqlChunks._query(None, _table(("r", "id"), frozenset({"id"})),  # type: ignore[arg-type]
-                                       ["r3", "00ff"], 5, "body LIKE 'b%'")
+    query, params = MysqlChunks._query(_table(("r", "id"), frozenset({"id"})),
+                                       ["r3", "00ff"], None, 5, "body LIKE 'b%'")
     assert query == ("SELECT `a`, `b` FROM `shop`.`t` WHERE `r` >= %s AND ((`r` > %s) OR "
                      "(`r` = %s AND `id` > UNHEX(%s))) AND (body LIKE 'b%%') "
                      "ORDER BY `r`, `id` LIMIT 6")
     assert params == ["r3", "r3", "r3", "00ff"]
 
 
+def test_a_key_range_is_read_whole_up_to_its_end_key() -> None:
+    """A range found by `boundary`: every row up to and including its end, no LIMIT (the
+    range's rows were counted when its end was found)."""
+    query, params = MysqlChunks._query(_table(("id",)), ["10"], ["20"], 10, "")
+    assert query == "SELECT `a`, `b` FROM `shop`.`t` WHERE (`id` > %s) AND `id` <= %s AND " \
+                    "NOT ((`id` > %s)) ORDER BY `id`"
+    assert params == ["10", "20", "20"]
+    query, params = MysqlChunks._query(_table(("r", "id"), frozenset({"id"})), None,
+                                       ["r9", "0a"], 5, "")
+    assert query == ("SELECT `a`, `b` FROM `shop`.`t` WHERE `r` <= %s AND NOT (`r` >= %s AND "
+                     "((`r` > %s) OR (`r` = %s AND `id` > UNHEX(%s)))) ORDER BY `r`, `id`")
+    assert params == ["r9", "r9", "r9", "r9", "0a"]
+
+
 def test_a_chunk_by_a_given_key_says_which_row_repeats_the_key_before_it() -> None:
     """`snapshot.key_columns`: the same chunk, each row flagged when the server compares its
     key equal to the row's before it (the extra row included)."""
-    query, params = MysqlChunks._query(None, _table(("h", "n"), given=True), ["a", "1"], 5, "")  # type: ignore[arg-type]
+    query, params = MysqlChunks._query(_table(("h", "n"), given=True), ["a", "1"], None, 5, "")
     assert query == ("SELECT c.*, c.`h` <=> LAG(c.`h`) OVER w AND c.`n` <=> LAG(c.`n`) OVER w "
                      "FROM (SELECT `a`, `b` FROM `shop`.`t` WHERE `h` >= %s AND ((`h` > %s) OR "
                      "(`h` = %s AND `n` > %s)) ORDER BY `h`, `n` LIMIT 6) AS c "

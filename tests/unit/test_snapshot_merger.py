@@ -283,30 +283,47 @@ def test_a_read_transaction_is_what_stamping_each_event_gives() -> None:
         assert key == bus_key(expected)
 
 
-def test_a_discarded_chunk_takes_the_next_one_read_meanwhile_with_it() -> None:
-    """The worker reads chunk 2 while chunk 1 merges (it starts where chunk 1 ends). Chunk 1
-    is discarded at its high watermark (a transaction hidden from its read that the stream
-    passed before it recorded the table): chunk 2 is discarded with it, so no row past
-    chunk 1's is published before chunk 1's are; a chunk announced after that is refused."""
+def test_a_discarded_chunk_leaves_the_other_ranges_of_its_table_alone() -> None:
+    """Two readers read ranges 1-2 and 3-4 of one table at once. Chunk 1 is discarded at
+    its high watermark (a transaction hidden from its read that the stream passed before
+    it recorded the table): its range is read again, and chunk 2, whose range ends where it
+    was found before either read, is published — their keys never meet."""
     merger = SnapshotMerger("src", "acme")
     published(merger, tx("77", 9))
     merger.record("public.t", KEYS)
     template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
     first = Chunk("public.t", KEYS, request_id=1, number=1)
     second = Chunk("public.t", KEYS, request_id=1, number=2)
-    other = Chunk("public.u", KEYS, request_id=1, number=2)
-    assert merger.open("t1", first)
+    merger.open("t1", first)
+    merger.open("t2", second)
     merger.fill("t1", ChunkRows(template, encoded(read(i) for i in (1, 2)), ["2"], more=True,
                                 hidden={"77"}.__contains__))
-    assert merger.open("t2", second, after=first)
-    assert merger.open("u2", other)
-    merger.fill("t2", ChunkRows(template, encoded(read(i) for i in (3, 4)), ["4"], more=False))
-    merger.fill("u2", ChunkRows(template, encoded(read(i) for i in (8,)), ["8"], more=False))
+    merger.fill("t2", ChunkRows(template, encoded(read(i) for i in (3, 4)), ["4"], more=True))
     out = published(merger, [
-        Watermark("t1", False, Position(tx_seq=11)), Watermark("t1", True, Position(tx_seq=12)),
-        Watermark("t2", False, Position(tx_seq=13)), Watermark("u2", False, Position(tx_seq=14)),
-        Watermark("t2", True, Position(tx_seq=15)), Watermark("u2", True, Position(tx_seq=16))])
-    assert (first.outcome, second.outcome, other.outcome) == ("discarded", "discarded",
-                                                              "published")
-    assert [ids(t) for t in out] == [[8]], "only the other table's chunk"
-    assert not merger.open("t3", Chunk("public.t", KEYS, request_id=1, number=2), after=first)
+        Watermark("t1", False, Position(tx_seq=11)), Watermark("t2", False, Position(tx_seq=12)),
+        Watermark("t1", True, Position(tx_seq=13)), Watermark("t2", True, Position(tx_seq=14))])
+    assert (first.outcome, second.outcome) == ("discarded", "published")
+    assert [ids(t) for t in out] == [[3, 4]]
+
+
+def test_a_transaction_is_forgotten_only_when_no_chunk_still_merging_could_hide_it() -> None:
+    """Chunk A's read (snapshot xmin 50) is older than chunk B's (xmin 100), but B reaches
+    its high watermark first. Tx 60 committed in the window of both, hidden from A's read:
+    B must not forget it, or A would publish its stale row of key 1 after tx 60's change."""
+    merger = SnapshotMerger("src", "acme")
+    merger.record("public.t", KEYS)
+    template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
+    older = Chunk("public.t", KEYS, request_id=1, number=1)
+    newer = Chunk("public.t", KEYS, request_id=1, number=2)
+    merger.open("a", older)
+    merger.open("b", newer)
+    merger.fill("a", ChunkRows(template, encoded(read(i) for i in (1, 2)), ["2"], more=True,
+                               hidden={"60"}.__contains__,
+                               forgettable=lambda tx: int(tx) < 50))
+    merger.fill("b", ChunkRows(template, encoded(read(i) for i in (3, 4)), ["4"], more=True,
+                               forgettable=lambda tx: int(tx) < 100))
+    out = published(merger, [*tx("59", 8), *tx("60", 1), Watermark("a", False, Position(tx_seq=61)),
+                             Watermark("b", False, Position(tx_seq=62)),
+                             Watermark("b", True, Position(tx_seq=63)),
+                             Watermark("a", True, Position(tx_seq=64))])
+    assert [ids(t) for t in out] == [[8], [1], [3, 4], [2]], "key 1 left to tx 60"

@@ -42,6 +42,33 @@ def test_chunks_are_done_in_order_only() -> None:
     assert settled.exclude == {(b"\x01",), (b"\x03",)}
 
 
+def test_a_chunk_is_done_only_right_after_the_one_before() -> None:
+    """Ranges read on several connections reach the bus in any order: chunk 3 whole in a
+    recorded epoch while chunk 2 never got there. The cursor must not pass chunk 2's range;
+    chunk 3's keys are excluded from the reading again."""
+    entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=11, rows=2, cursor="[\"2\"]"),
+                   pb.SnapshotChunk(chunk=3, tx_seq=9, rows=2, cursor="[\"6\"]"))
+    entry.chunks_done = 0
+    settled = settle(entry, covered=12, found=Found(reads={9: _on_bus(2, 5, 6)}))
+    assert [c.chunk for c in settled.done] == [1]
+    assert settled.exclude == {(b"\x05",), (b"\x06",)}
+    assert [c.chunk for c in settled.partial] == [3]
+
+
+def test_an_earlier_attempt_of_a_done_chunk_still_excludes_its_keys() -> None:
+    """Chunk 2 was read twice (a restart in between): the earlier attempt, found on the bus
+    part-way and kept, may reach past where the done attempt ends (rows deleted since),
+    and those keys are on the bus: they stay excluded."""
+    earlier = pb.SnapshotChunk(chunk=2, tx_seq=13, rows=2, partial_from={0: 5},
+                               partial_to={0: 7})
+    done = pb.SnapshotChunk(chunk=2, tx_seq=21, rows=1, cursor="[\"4\"]")
+    settled = settle(pb.SnapshotTable(table="public.t", request_id=3, chunks_done=1,
+                                      inflight=[earlier, done]), covered=21,
+                     found=Found(reads={13: _on_bus(2, 4, 5)}))
+    assert [c.tx_seq for c in settled.done] == [21]
+    assert settled.exclude == {(b"\x04",), (b"\x05",)}
+
+
 def test_a_chunk_in_a_recorded_epoch_is_done_whatever_the_bus_shows() -> None:
     entry = _entry(pb.SnapshotChunk(chunk=1, tx_seq=9, rows=2, cleared_tx_seq=8), reset=True)
     assert [c.chunk for c in settle(entry, covered=10, found=Found()).done] == [1]
@@ -74,15 +101,17 @@ def test_a_truncate_already_in_a_recorded_epoch_needs_no_finding() -> None:
 def test_attempts_found_part_way_before_a_reset_truncate_exclude_nothing_once_it_is_stored(
 ) -> None:
     """Process A: reset chunk 1 (its TRUNCATE lost on another partition) and chunk 2 whole
-    on the bus. Restart B: chunk 1 is read again (a new TRUNCATE), chunk 2's attempt is
-    kept for its keys. Once B stores chunk 1, those keys are gone from the sinks: a restart
-    C must read them again, not exclude them."""
+    on the bus. Restart B: chunk 1 is read again (a new TRUNCATE, which will clear chunk 2's
+    keys from the sinks: they exclude nothing), chunk 2's attempt is kept in the record.
+    Once B stores chunk 1 it is dropped: a restart C must read those keys again, not
+    exclude them."""
     a1 = pb.SnapshotChunk(chunk=1, tx_seq=12, rows=2, cleared_tx_seq=11)
     a2 = pb.SnapshotChunk(chunk=2, tx_seq=13, rows=2)
     at_b = settle(_entry(a1, a2, reset=True), covered=10,
                   found=Found(reads={12: _on_bus(2, 1, 2, partition=1),
                                      13: _on_bus(2, 3, 4, partition=1)}))
-    assert at_b.done == [] and at_b.exclude == {(b"\x03",), (b"\x04",)}
+    assert at_b.done == [] and at_b.exclude == set()
+    assert [c.chunk for c in at_b.partial] == [1, 2]
     b1 = pb.SnapshotChunk(chunk=1, tx_seq=21, rows=2, cleared_tx_seq=20, cursor="[\"2\"]")
     b2 = pb.SnapshotChunk(chunk=2, tx_seq=22, rows=1)  # B's own, published after TRUNCATE 20
     kept = still_in_flight([*at_b.partial, b1, b2], b1)
@@ -127,6 +156,18 @@ def test_chunks_the_lost_bus_held_past_the_sinks_checkpoint_are_read_again() -> 
                                  recent=[_done(8, 80), _done(9, 90)])
     assert read_lost_again(forgotten, covered=50)  # chunk 7 is no longer known
     assert (forgotten.cursor, forgotten.chunks_done, forgotten.rows_done) == ("", 0, 0)
+
+
+def test_ranges_delivered_out_of_order_go_back_to_the_first_lost_chunk() -> None:
+    """Chunks 4 and 5 were read on two connections: 5 reached the bus (and the sinks)
+    before 4, which the bus lost. Reading goes back to the end of chunk 3."""
+    entry = pb.SnapshotTable(table="t", state=pb.SNAPSHOT_RUNNING, cursor="[500]",
+                             rows_done=500, chunks_done=5,
+                             recent=[_done(1, 10), _done(2, 20), _done(3, 30), _done(4, 50),
+                                     _done(5, 40)])
+    assert read_lost_again(entry, covered=45)
+    assert (entry.cursor, entry.chunks_done, entry.rows_done) == ("[300]", 3, 300)
+    assert [c.chunk for c in entry.recent] == [1, 2, 3]
 
 
 def test_a_reset_chunk_whose_truncate_the_bus_lost_is_read_again() -> None:

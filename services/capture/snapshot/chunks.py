@@ -104,9 +104,18 @@ class ChunkSource(Protocol):
     def begin_table(self, plan: TablePlan) -> None:
         """Called after the merger records the table and before its first chunk."""
 
+    def boundary(self, plan: TablePlan, after: list[str] | None, size: int, where: str
+                 ) -> list[str] | None:
+        """The key of the `size`-th row after `after` (None: from the start), when more rows
+        follow it: the end of a chunk's key range, found before the chunk is read so that
+        readers on other connections can read the ranges after it meanwhile. None when at
+        most `size` rows are left: the table's last range. Keys only (an index scan)."""
+
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
-                   token: str) -> ChunkRows:
-        """Write the low watermark `token`, read up to `limit` rows after `after`."""
+                   token: str, upto: list[str] | None = None) -> ChunkRows:
+        """Write the low watermark `token`, then read the rows after `after`: with `upto`,
+        every row up to and including that key (`ChunkRows.more` is then True); without,
+        up to `limit` rows."""
 
     def write_high(self, token: str) -> None:
         """Write the high watermark `token`."""

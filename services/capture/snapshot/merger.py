@@ -53,6 +53,10 @@ class Chunk:
     before_publish: Callable[[Chunk, Position], None] | None = None
     outcome: str = ""  # published | empty | discarded
     position: Position | None = None
+    # the merger's clock when the chunk was announced and when its rows came: a chunk
+    # announced after another's rows came reads a later snapshot (`_forgettable`)
+    opened_at: int = 0
+    filled_at: int = 0
     published_rows: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -77,6 +81,7 @@ class SnapshotMerger:
         self._recent: deque[tuple[float, str]] = deque(maxlen=RECENT_COMMITS)
         # recorded, not yet by the stream: table -> (keys, remember the commits before)
         self._starting: dict[str, tuple[tuple[str, ...], bool]] = {}
+        self._clock = 0  # `Chunk.opened_at`, `Chunk.filled_at`
 
     # worker side
     def record(self, table: str, key_columns: tuple[str, ...], *,
@@ -97,20 +102,20 @@ class SnapshotMerger:
             self._keys.pop(table, None)
             self._unrecorded.pop(table, None)
 
-    def open(self, token: str, chunk: Chunk, after: Chunk | None = None) -> bool:
-        """Announce a chunk. `after`: the table's chunk before it, read but still merging
-        (the worker reads the next chunk meanwhile): if it was discarded, this one is
-        refused (False) — it would start past rows not published."""
+    def open(self, token: str, chunk: Chunk) -> None:
+        """Announce a chunk, before its low watermark is written. Chunks of one table cover
+        key ranges apart, so several may be open at once (readers on several connections)."""
         with self._lock:
-            if after is not None and after.outcome == "discarded":
-                return False
+            self._clock += 1
+            chunk.opened_at = self._clock
             self._chunks[token] = chunk
-            return True
 
     def fill(self, token: str, rows: ChunkRows) -> None:
         with self._lock:
             chunk = self._chunks.get(token)
             if chunk is not None:  # else discarded meanwhile (`_discard`)
+                self._clock += 1
+                chunk.filled_at = self._clock
                 chunk.rows = rows
 
     def abandon(self, token: str) -> None:
@@ -228,14 +233,15 @@ class SnapshotMerger:
             seen = self._recorded.get(chunk.table, {})
             hidden = {tx_id: keys for tx_id, keys in seen.items() if rows.hidden(tx_id)}
             unrecorded = self._unrecorded.get(chunk.table, set())
+            forgettable = self._forgettable(chunk)
             unknown = []
             for tx_id in list(unrecorded):  # one pass: hidden, or forgettable (not both)
-                if rows.forgettable is not None and rows.forgettable(tx_id):
+                if forgettable is not None and forgettable(tx_id):
                     unrecorded.discard(tx_id)
                 elif rows.hidden(tx_id):
                     unknown.append(tx_id)
-            if rows.forgettable is not None:
-                for tx_id in [t for t in seen if rows.forgettable(t)]:
+            if forgettable is not None:
+                for tx_id in [t for t in seen if forgettable(t)]:
                     del seen[tx_id]
         if unknown:
             log.warning("snapshot chunk read again: a transaction not visible to its read "
@@ -287,20 +293,29 @@ class SnapshotMerger:
         yield Commit(stamp, position, now_us, tx_id)
         mark.published.append(True)
 
+    def _forgettable(self, chunk: Chunk) -> Callable[[str], bool] | None:
+        """Which recorded transactions no chunk of the table still merging can name as hidden,
+        now that `chunk` reached its high watermark (the lock held); None: none for now.
+        A chunk announced after `chunk`'s rows came reads a later snapshot, which hides
+        nothing `chunk`'s does not; one announced before may read an earlier one (readers
+        on several connections), and must be filled for its own answer to count."""
+        assert chunk.rows is not None
+        answers = [chunk.rows.forgettable]
+        for other in self._chunks.values():
+            if other.table == chunk.table and other.opened_at < chunk.filled_at:
+                answers.append(other.rows.forgettable if other.rows is not None else None)
+        if any(answer is None for answer in answers):
+            return None
+        if len(answers) == 1:
+            return answers[0]
+        known = [answer for answer in answers if answer is not None]
+        return lambda tx_id: all(answer(tx_id) for answer in known)
+
     def _discard(self, chunk: Chunk) -> None:
-        """The chunk is read again, and with it every later chunk of its table already
-        announced: each starts where the one before it ends, so none may be published
-        before this one's rows are. Their high watermarks come after this one's: none was
-        published yet."""
+        """The chunk is read again (its reader reads the same key range anew). Other chunks
+        of the table cover other ranges: they go on."""
         with self._lock:
-            later = [(token, c) for token, c in self._chunks.items()
-                     if c.table == chunk.table and c.request_id == chunk.request_id
-                     and c.number > chunk.number]
-            for token, _ in later:
-                del self._chunks[token]
             self._finish(chunk, "discarded")
-            for _, c in later:
-                self._finish(c, "discarded")
 
     @staticmethod
     def _finish(chunk: Chunk, outcome: str) -> None:

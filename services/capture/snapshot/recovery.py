@@ -69,43 +69,52 @@ class Settled(NamedTuple):
 def settle(entry: pb.SnapshotTable, covered: int, found: Found) -> Settled:
     """A chunk whose latest attempt is in a recorded epoch (`covered`: the epoch's
     tx_seq), or whole on the bus after it with its `TRUNCATE` (a reset's first chunk), is
-    done, in chunk order. From the first one that is not, the table is read again, without
-    the keys of any attempt the bus holds.
+    done, in chunk order and only right after the one before: ranges read on several
+    connections reach the bus in any order, and the cursor must not pass one that did not.
+    From the first one that is not, the table is read again, without the keys of any other
+    attempt the bus holds.
 
     An attempt found part-way is kept with where its events are on the bus (`partial_from`/
     `partial_to`) until the table is done: a later restart reads the same keys there (by
     then epochs of later processes may number past it, so the epoch rule cannot tell it was
     cut; and chunk numbers no longer match key ranges once rows were inserted). In a reset
-    read, attempts of the first chunk published their keys before the `TRUNCATE` the first
-    chunk publishes again: they exclude nothing."""
+    read, attempts published before the `TRUNCATE` that the first chunk's done attempt
+    published (or, while it is not done, will publish again) exclude nothing: it cleared
+    them."""
     attempts = sorted(entry.inflight, key=lambda c: (c.chunk, c.tx_seq))
     latest = {c.chunk: c for c in attempts if c.chunk > entry.chunks_done}
     done: list[pb.SnapshotChunk] = []
+    expected = entry.chunks_done + 1
     for number in sorted(latest):
         chunk = latest[number]
         on_bus = found.reads.get(chunk.tx_seq)
         truncated = chunk.cleared_tx_seq <= covered or chunk.cleared_tx_seq in found.truncates
         whole = not chunk.partial_from and (
             chunk.tx_seq <= covered or (on_bus is not None and on_bus.whole and truncated))
-        if not whole:
+        if number != expected or not whole:
             break
         done.append(chunk)
-    finished = {c.chunk for c in done}
+        expected += 1
+    cleared_at: int | None = 0  # attempts at or before it exclude nothing; None: all
+    if entry.reset and entry.chunks_done == 0:
+        first = next((c for c in done if c.chunk == 1), None)
+        cleared_at = first.cleared_tx_seq if first is not None else None
+    finished = {c.tx_seq for c in done}
     exclude: set[Key] = set()
     partial: list[pb.SnapshotChunk] = []
     newly_found = 0
     for attempt in attempts:
         on_bus = found.reads.get(attempt.tx_seq)
-        if attempt.chunk in finished or on_bus is None or not on_bus.keys:
+        if attempt.tx_seq in finished or on_bus is None or not on_bus.keys:
             continue
-        if not (entry.reset and attempt.chunk == 1):  # before the TRUNCATE (docstring)
+        if cleared_at is not None and attempt.tx_seq > cleared_at:  # after the TRUNCATE
             exclude |= on_bus.keys
         kept = pb.SnapshotChunk()
         kept.CopyFrom(attempt)
         if not attempt.partial_from:  # found part-way now: counted once, kept
             newly_found += len(on_bus.keys)
-            for partition, (first, after) in on_bus.ranges.items():
-                kept.partial_from[partition] = first
+            for partition, (first_offset, after) in on_bus.ranges.items():
+                kept.partial_from[partition] = first_offset
                 kept.partial_to[partition] = after
         partial.append(kept)
     return Settled(done, exclude, partial, newly_found)
@@ -135,12 +144,14 @@ def read_lost_again(entry: pb.SnapshotTable, covered: int) -> bool:
     lost = [c for c in entry.recent if on_bus_only(c)]
     if not lost:
         return False
-    kept = [c for c in entry.recent if not on_bus_only(c)]
-    before = kept[-1] if kept and kept[-1].chunk == lost[0].chunk - 1 else None
-    if before is not None or lost[0].chunk == 1:
+    first_lost = min(c.chunk for c in lost)  # ranges reach the bus in any order
+    kept = [c for c in entry.recent if c.chunk < first_lost]
+    before = kept[-1] if kept and kept[-1].chunk == first_lost - 1 else None
+    if before is not None or first_lost == 1:
         entry.cursor = before.cursor if before is not None else ""
-        entry.chunks_done = lost[0].chunk - 1
-        entry.rows_done = max(0, entry.rows_done - sum(c.rows for c in lost))
+        entry.chunks_done = first_lost - 1
+        entry.rows_done = max(0, entry.rows_done - sum(c.rows for c in entry.recent
+                                                       if c.chunk >= first_lost))
     else:
         entry.cursor, entry.chunks_done, entry.rows_done = "", 0, 0
     del entry.recent[:]

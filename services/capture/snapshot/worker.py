@@ -21,6 +21,7 @@ from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot.chunks import ChunkSource, Key, TablePlan
 from tailrace_services.capture.snapshot.merger import Chunk, SnapshotMerger
 from tailrace_services.capture.snapshot.progress import ACTIVE, Progress, SnapshotProgress
+from tailrace_services.capture.snapshot.ranges import WAIT, Span, TableRead
 from tailrace_services.capture.snapshot.recovery import (
     BusScan,
     read_lost_again,
@@ -57,10 +58,11 @@ class Recovered(NamedTuple):
 
 
 class Reading(NamedTuple):
-    """A chunk handed to the merger, and its token there."""
+    """A chunk handed to the merger, its token there, and its key range."""
 
     token: str
     chunk: Chunk
+    span: Span
 
 
 def _stored(chunk: Chunk, number: int, before: list[str] | None,
@@ -77,12 +79,13 @@ def _stored(chunk: Chunk, number: int, before: list[str] | None,
 
 
 class SnapshotWorker:
-    """Reads the tables the snapshot record asks for, one chunk at a time (module
-    docstring). Runs for one capture session; `stop()` ends it.
+    """Reads the tables the snapshot record asks for, in chunks (module docstring). Runs for
+    one capture session; `stop()` ends it.
 
     One reader thread per source in `sources` (`snapshot.parallelism`, each with its own
-    connection): readers take different tables; a table is read by one reader, chunk
-    after chunk, so its cursor stays one key."""
+    connection). A reader takes a table nobody reads yet; with none left, it joins a table
+    being read and reads key ranges of it beside the others (`ranges.TableRead`). Each
+    reader reads its next chunk while the one before merges with the stream."""
 
     def __init__(self, pipeline: PipelineSpec, control: ControlClient,
                  sources: Sequence[ChunkSource], merger: SnapshotMerger,
@@ -100,11 +103,14 @@ class SnapshotWorker:
         self.on_all_done = on_all_done
         self.metrics = metrics
         self._stopped = threading.Event()
+        self._wake = threading.Event()  # a table's read was set up: idle readers may join
         self._threads = [threading.Thread(target=self._run, args=(source,),
                                           name=f"snapshot-{n}", daemon=True)
                          for n, source in enumerate(self.sources)]
         self._lock = threading.Lock()
-        self._reading: set[str] = set()  # tables a reader has taken
+        # tables being read: None while the first reader sets the read up
+        self._active: dict[str, TableRead | None] = {}
+        self._failures: dict[tuple[str, int], int] = {}  # failed reads in a row, any reader
         self._all_done = False
         self._added: deque[str] = deque()
         # keys on the bus already, per table: (request id, keys), kept until the table's
@@ -192,6 +198,7 @@ class SnapshotWorker:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._wake.set()
         for thread in self._threads:
             if thread.ident is not None:  # not started when the session failed before
                 thread.join(10.0)
@@ -234,11 +241,11 @@ class SnapshotWorker:
         self.progress.change(edit)
 
     def _run(self, source: ChunkSource) -> None:
-        """One reader: tables one after the other, each one no other reader has taken; a
+        """One reader: a table no other reader has taken, else ranges of one being read; a
         table whose reading fails FAILURES_BEFORE_FAILED times in a row is marked failed
         with the error (streaming goes on)."""
-        failures: dict[tuple[str, int], int] = {}
         while not self._stopped.is_set():
+            joined: TableRead | None = None
             try:
                 with self._lock:
                     added = [self._added.popleft() for _ in range(len(self._added))]
@@ -255,43 +262,65 @@ class SnapshotWorker:
                 state = self.progress.read()
                 with self._lock:
                     todo = [t for t in state.tables if t.state in ACTIVE
-                            and t.table in self.selected and t.table not in self._reading]
+                            and t.table in self.selected and t.table not in self._active]
                     if todo:
-                        self._reading.add(todo[0].table)
-                    elif not self._reading and self.mode == "initial_only" and \
-                            not self._all_done:
-                        self._all_done = True
-                        log.info("initial snapshot complete; stopping (snapshot.mode "
-                                 "initial_only)")
-                        self.on_all_done()
-                        return
-                if not todo:
-                    self._stopped.wait(IDLE_POLL_S)
+                        self._active[todo[0].table] = None
+                    else:
+                        joined = next((r for r in self._active.values()
+                                       if r is not None and r.joinable()), None)
+                        if joined is not None:
+                            joined.readers += 1
+                        elif not self._active and self.mode == "initial_only" and \
+                                not self._all_done:
+                            self._all_done = True
+                            log.info("initial snapshot complete; stopping (snapshot.mode "
+                                     "initial_only)")
+                            self.on_all_done()
+                            return
+                if not todo and joined is None:
+                    self._wake.wait(IDLE_POLL_S)
+                    self._wake.clear()
                     continue
-                entry = todo[0]
             except Exception as e:  # noqa: BLE001 - the control service, briefly away
                 log.warning("snapshot reader waits for the control service", error=str(e))
                 self._stopped.wait(RETRY_S)
                 continue
+            if joined is not None:
+                table, request_id = joined.table, joined.request_id
+            else:
+                table, request_id = todo[0].table, todo[0].request_id
             try:
-                self._read_table(entry, source)
+                if joined is None:
+                    self._read_table(todo[0], source)
+                else:
+                    log.info("snapshot reader joins a table's read: ranges of it on "
+                             "another connection", table=table, readers=joined.readers)
+                    source.plan(table)  # its catalog as it is now, on this connection
+                    self._take_part(joined, source)
             except Exception as e:  # noqa: BLE001 - counted, then the table is failed
                 if self._stopped.is_set():
                     return
-                ident = (entry.table, entry.request_id)
-                failures[ident] = failures.get(ident, 0) + 1
-                log.error("snapshot of table failed", table=entry.table, error=str(e),
-                          attempt=failures[ident])
-                if failures[ident] >= FAILURES_BEFORE_FAILED:
+                ident = (table, request_id)
+                with self._lock:
+                    failures = self._failures[ident] = self._failures.get(ident, 0) + 1
+                log.error("snapshot of table failed", table=table, error=str(e),
+                          attempt=failures)
+                if failures >= FAILURES_BEFORE_FAILED:
                     with contextlib.suppress(Exception):
-                        self._set(entry.table, entry.request_id, state=pb.SNAPSHOT_FAILED,
+                        self._set(table, request_id, state=pb.SNAPSHOT_FAILED,
                                   reason=f"{type(e).__name__}: {e}")
                 self._stopped.wait(RETRY_S)
             finally:
-                with self._lock:
-                    self._reading.discard(entry.table)
+                if joined is not None:
+                    self._leave(joined)
+                elif todo:
+                    with self._lock:
+                        if self._active.get(table) is None:  # never set up
+                            self._active.pop(table, None)
 
     def _read_table(self, entry: pb.SnapshotTable, source: ChunkSource) -> None:
+        """Set the table's read up (what an earlier read left in flight settled first),
+        then take part in it."""
         table, request_id = entry.table, entry.request_id
         fresh = self.progress.table(self.progress.read(), table)  # another reader may have
         if fresh is None or fresh.request_id != request_id or fresh.state not in ACTIVE:
@@ -316,85 +345,132 @@ class SnapshotWorker:
                 return
         self.merger.record(table, plan.key_columns,
                            remember_before=source.visible_after_streamed)
-        ahead: Reading | None = None  # read, merging: its outcome not known yet
         try:
             source.begin_table(plan)
             now = int(time.time() * 1000)
             self._set(table, request_id, state=pb.SNAPSHOT_RUNNING, rows_estimated=plan.estimate,
                       **({"started_unix_ms": now} if entry.state == pb.SNAPSHOT_PENDING else {}))
-            progress = Progress(entry.rows_done, plan.estimate)
-            cursor = json.loads(entry.cursor) if entry.cursor else None
-            number = entry.chunks_done
-            pending: deque[pb.SnapshotChunk] = deque()  # on their way to the bus
-            read_again = 0  # times in a row the next chunk was discarded
-            while not self._stopped.is_set():
-                current = self.progress.table(self.progress.read(), table)
-                if current is None or current.request_id != request_id or \
-                        current.state not in ACTIVE:
-                    if current is not None and current.request_id == request_id:
-                        if ahead is not None and (chunk := self._outcome(ahead)) is not None \
-                                and chunk.published_rows:
-                            pending.append(_stored(chunk, number + 1, cursor))
-                        self._settle(table, request_id, pending, 0, progress)  # on the bus
-                    log.info("snapshot of table stopped", table=table,
-                             state=pb.SnapshotTableState.Name(current.state) if current else None)
-                    return
-                if ahead is None:
-                    ahead = self._start(source, plan, cursor, request_id, number + 1,
-                                        entry.where, exclude, entry.reset and number == 0)
-                # the next chunk is read while this one merges: it starts where this one
-                # ends, and is discarded with it (`SnapshotMerger.open`). Not after a
-                # TRUNCATE: what it may exclude is known once the TRUNCATE is on its way.
-                after = None
-                if ahead is not None and not ahead.chunk.last and ahead.chunk.cleared is None:
-                    after = self._start(source, plan, ahead.chunk.cursor, request_id,
-                                        number + 2, entry.where, exclude, False, ahead)
-                chunk = self._outcome(ahead) if ahead is not None else None
-                if chunk is None:  # discarded: read it again (the next one went with it)
-                    if after is not None:
-                        self._outcome(after)
-                    ahead = None
-                    # e.g. a commit a synchronous standby holds back: not visible until it
-                    # lets it go
-                    self._stopped.wait(min(READ_AGAIN_BACKOFF_S[0] * 2 ** read_again,
-                                           READ_AGAIN_BACKOFF_S[1]))
-                    read_again = min(read_again + 1, 10)
-                    continue
-                read_again = 0
-                ahead = after
-                number += 1
-                if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
-                    exclude.clear()
-                # else `exclude` stays: rows inserted since may end this chunk before the
-                # keys found on the bus do
-                cursor = chunk.cursor if chunk.cursor is not None else cursor
-                if chunk.published_rows:
-                    pending.append(_stored(chunk, number, cursor))
-                else:  # nothing published: done once those before it are
-                    self._settle(table, request_id, pending, 0, progress)
-                    if chunk.cleared_at is not None:  # and its TRUNCATE
-                        self._wait_on_bus(chunk.cleared_at.tx_seq)
-                    self._done(table, request_id, _stored(chunk, number, cursor), progress)
-                    if chunk.last:
-                        return
-                    continue
-                # the next chunks are read while this one travels
-                self._settle(table, request_id, pending,
-                             PENDING_CHUNKS if not chunk.last else 0, progress)
-                if chunk.last and not pending:
-                    return
-        finally:
-            if ahead is not None:  # its high watermark is written: its merge needs the
-                self._outcome(ahead)  # table's recorded transactions, and a retry its record
+        except BaseException:
             self.merger.forget(table)
+            raise
+        read = TableRead(entry, plan, exclude, Progress(entry.rows_done, plan.estimate),
+                         len(self.sources))
+        with self._lock:
+            read.readers = 1
+            self._active[table] = read
+        self._wake.set()
+        try:
+            self._take_part(read, source)
+        finally:
+            self._leave(read)
 
-    def _settle(self, table: str, request_id: int, pending: deque[pb.SnapshotChunk],
-                keep: int, progress: Progress | None = None) -> None:
-        """Store the cursor of pending chunks once an epoch covers them, until at most
-        `keep` are left pending."""
-        while len(pending) > keep:
-            self._wait_on_bus(pending[0].tx_seq)
-            self._done(table, request_id, pending.popleft(), progress)
+    def _take_part(self, read: TableRead, source: ChunkSource) -> None:
+        """Read ranges of the table until none is left: the next range is read while the
+        one before merges; a chunk discarded at its high watermark is read again."""
+        def find_end(after: list[str] | None) -> list[str] | None:
+            return source.boundary(read.plan, after, self.chunk_size, read.where)
+
+        held: Reading | None = None  # read, merging: its outcome not known yet
+        try:
+            while not self._stopped.is_set():
+                current = self.progress.table(self.progress.read(), read.table)
+                if current is None or current.request_id != read.request_id or \
+                        current.state not in ACTIVE:
+                    read.stopped_as = pb.SnapshotTableState.Name(current.state) \
+                        if current is not None else "gone"
+                    read.stop()
+                    break
+                span = read.claim(find_end, self._stopped, block=held is None)
+                if span is WAIT:  # until an earlier chunk is done: this reader's, maybe
+                    if held is not None:
+                        self._finish(read, source, held)
+                        held = None
+                    continue
+                if span is None:
+                    break
+                alone = span.last or read.resets(span)
+                if alone and held is not None:
+                    self._finish(read, source, held)
+                    held = None
+                if span.last and not read.wait_before(span, self._stopped):
+                    read.release(span)
+                    break
+                reading = self._start(source, read, span)
+                if held is not None:
+                    self._finish(read, source, held)
+                held = reading
+                if alone:  # before any range after it is handed out
+                    self._finish(read, source, held)
+                    held = None
+            if held is not None:
+                self._finish(read, source, held)
+                held = None
+        except BaseException:
+            read.failed = True
+            read.stop()
+            if held is not None:  # its high watermark is written: its merge needs the
+                self._outcome(held)  # table's recorded transactions, and a retry its record
+            raise
+
+    def _leave(self, read: TableRead) -> None:
+        """A reader is done with the table; the last one out stores the cursor of what is
+        on the bus and ends the table's recording."""
+        with self._lock:
+            read.readers -= 1
+            last = read.readers == 0
+            if read.ended:
+                self._failures.pop((read.table, read.request_id), None)
+        if not last:
+            return
+        try:
+            if not (self._stopped.is_set() or read.failed):  # else the next read settles it
+                self._store(read, 0)
+                if read.stopped_as:  # what was read is on the bus and counted
+                    log.info("snapshot of table stopped", table=read.table,
+                             state=read.stopped_as)
+        except Exception as e:  # noqa: BLE001 - the next read of the table settles them
+            log.warning("snapshot chunks done but their cursor not stored", table=read.table,
+                        error=str(e))
+        finally:
+            self.merger.forget(read.table)
+            with self._lock:
+                self._active.pop(read.table, None)
+
+    def _finish(self, read: TableRead, source: ChunkSource, reading: Reading) -> None:
+        """Wait for the chunk's outcome, reading its range again while it is discarded (e.g.
+        a commit a synchronous standby holds back: not visible until it lets it go); then
+        its cursor is stored in order once the bus has it."""
+        read_again = 0  # times in a row the chunk was discarded
+        while (chunk := self._outcome(reading)) is None:
+            if self._stopped.is_set() or read.stopping:
+                read.release(reading.span)
+                return
+            self._stopped.wait(min(READ_AGAIN_BACKOFF_S[0] * 2 ** read_again,
+                                   READ_AGAIN_BACKOFF_S[1]))
+            read_again = min(read_again + 1, 10)
+            reading = self._start(source, read, reading.span)
+        if chunk.cleared is not None:  # a TRUNCATE: what the bus held is gone
+            read.exclude.clear()
+        # else `exclude` stays: rows inserted since may end a chunk before the keys found
+        # on the bus do
+        read.done(reading.span, _stored(chunk, reading.span.number, reading.span.after))
+        self._wake.set()  # ranges may be handed out again (after a reset's first chunk)
+        self._store(read, 0 if chunk.last or not chunk.published_rows else PENDING_CHUNKS)
+
+    def _store(self, read: TableRead, keep: int) -> None:
+        """Store the cursor of done chunks, in order, once an epoch covers each, until at
+        most `keep` are left (another reader storing meanwhile stores them)."""
+        if not read.store_lock.acquire(blocking=keep == 0):
+            return
+        try:
+            while (chunk := read.to_store(keep)) is not None:
+                on_bus = max(chunk.tx_seq, chunk.cleared_tx_seq)
+                if on_bus:
+                    self._wait_on_bus(on_bus)
+                self._done(read.table, read.request_id, chunk, read.progress)
+                read.stored(chunk)
+        finally:
+            read.store_lock.release()
 
     def _done(self, table: str, request_id: int, chunk: pb.SnapshotChunk,
               progress: Progress | None) -> None:
@@ -420,28 +496,28 @@ class SnapshotWorker:
                      rows_estimated=progress.estimate, rows_per_s=round(progress.rate),
                      chunks=chunk.chunk, done=chunk.last)
 
-    def _start(self, source: ChunkSource, plan: TablePlan, cursor: list[str] | None,
-               request_id: int, number: int, where: str, exclude: set[Key], reset: bool,
-               after: Reading | None = None) -> Reading | None:
-        """Read one chunk and hand it to the merger, between its watermarks; None when
-        `after` (the table's chunk before it, still merging) was discarded already. With
-        `reset`, the table's TRUNCATE goes first, at the low watermark: every row is then
-        read after it."""
-        token = f"{self.pipeline.spec.source.id}:{request_id}:{plan.table}:{number}:" \
-                f"{time.time_ns()}"
-        chunk = Chunk(plan.table, plan.key_columns, request_id, number, exclude=exclude,
-                      cleared=source.cleared(plan) if reset else None)
-        if not self.merger.open(token, chunk, after.chunk if after is not None else None):
-            return None
+    def _start(self, source: ChunkSource, read: TableRead, span: Span) -> Reading:
+        """Read one chunk and hand it to the merger, between its watermarks. A reset read's
+        first chunk publishes the table's TRUNCATE first, at the low watermark: every row
+        is then read after it."""
+        plan = read.plan
+        token = f"{self.pipeline.spec.source.id}:{read.request_id}:{plan.table}:" \
+                f"{span.number}:{time.time_ns()}"
+        chunk = Chunk(plan.table, plan.key_columns, read.request_id, span.number,
+                      exclude=read.exclude,
+                      cleared=source.cleared(plan) if read.resets(span) else None)
+        self.merger.open(token, chunk)
         try:
-            rows = source.read_chunk(plan, cursor, self.chunk_size, where, token)
+            rows = source.read_chunk(plan, span.after, self.chunk_size, read.where, token,
+                                     upto=span.upto)
             chunk.last = not rows.more
-            chunk.cursor = rows.cursor
+            chunk.cursor = span.upto if span.upto is not None else rows.cursor
 
             def in_flight(chunk: Chunk, position: Position) -> None:
                 """Before the read transaction is published: what a restart looks for."""
-                record = _stored(chunk, number, cursor, position)
-                self._set(plan.table, request_id, lambda entry: entry.inflight.append(record))
+                record = _stored(chunk, span.number, span.after, position)
+                self._set(plan.table, read.request_id,
+                          lambda entry: entry.inflight.append(record))
 
             chunk.before_publish = in_flight
             self.merger.fill(token, rows)
@@ -449,7 +525,7 @@ class SnapshotWorker:
         except BaseException:
             self.merger.abandon(token)
             raise
-        return Reading(token, chunk)
+        return Reading(token, chunk, span)
 
     def _outcome(self, reading: Reading) -> Chunk | None:
         """The chunk once the stream passed its high watermark, or None when it was
