@@ -44,7 +44,7 @@ import pymysql  # noqa: E402
 import pymysql.cursors  # noqa: E402
 from psycopg.types.string import TextLoader  # noqa: E402
 
-from tailrace.devservers import KafkaBroker, MariaDBServer, PostgresServer  # noqa: E402
+from tailrace.devservers import KafkaBroker, MariaDBServer, PostgresServer, TcpProxy  # noqa: E402
 from tailrace_services.control.server import serve  # noqa: E402
 from tailrace_services.control.storage import MemoryStorage  # noqa: E402
 
@@ -220,7 +220,12 @@ def main() -> None:
                         help="PostgreSQL: spread the rows over this many tables (items, "
                              "items_2, ...), read `--parallelism` at a time")
     parser.add_argument("--parallelism", type=int, default=2,
-                        help="snapshot.parallelism: tables read at once")
+                        help="snapshot.parallelism: readers at once (tables, and key ranges "
+                             "of one table)")
+    parser.add_argument("--link-delay-ms", type=float, default=0.0, metavar="MS",
+                        help="PostgreSQL: capture (and the ceiling's queries) reach the server "
+                             "through a proxy that holds every 64 kB it forwards this long, "
+                             "each way: a remote server whose every connection is slow")
     parser.add_argument("--writer", type=int, default=0, metavar="TX_PER_S",
                         help="update random rows during the snapshot: this many transactions "
                              "of 5 updates per second")
@@ -247,10 +252,17 @@ def main() -> None:
                 pg.execute(f"VACUUM ANALYZE {table}")
             print(f"filled {', '.join(tables)} with {per_table * len(tables):,} rows of 8 "
                   f"columns in {time.perf_counter() - started:.1f} s")
-            rate = ceiling(pg.dsn(), tables, per_table * len(tables), args.chunk_size)
+            dsn = pg.dsn()
+            if args.link_delay_ms:
+                proxy = TcpProxy(pg.port).start()
+                proxy.slow(args.link_delay_ms / 1000)
+                dsn = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+                print(f"capture reaches the server through a link that holds each 64 kB "
+                      f"{args.link_delay_ms} ms each way")
+            rate = ceiling(dsn, tables, per_table * len(tables), args.chunk_size)
             print(f"ceiling: the chunk queries alone, values as text: {rate:,.0f} rows/s")
             spec = work / "bench.yaml"
-            spec.write_text(SPEC.format(source="postgres", dsn=pg.dsn(),
+            spec.write_text(SPEC.format(source="postgres", dsn=dsn,
                                         table=", ".join(f"public.{t}" for t in tables),
                                         brokers=kafka.bootstrap, chunk=args.chunk_size,
                                         parallelism=args.parallelism,

@@ -376,8 +376,9 @@ class SnapshotWorker:
                 current = self.progress.table(self.progress.read(), read.table)
                 if current is None or current.request_id != read.request_id or \
                         current.state not in ACTIVE:
-                    read.stopped_as = pb.SnapshotTableState.Name(current.state) \
-                        if current is not None else "gone"
+                    if not read.ended:  # (done: its last chunk is stored)
+                        read.stopped_as = pb.SnapshotTableState.Name(current.state) \
+                            if current is not None else "gone"
                     read.stop()
                     break
                 span = read.claim(find_end, self._stopped, block=held is None)
