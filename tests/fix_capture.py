@@ -228,6 +228,26 @@ class CaptureRig:
             assert time.monotonic() < deadline, entry
             time.sleep(0.1)
 
+    def chunks_done(self) -> int:
+        """Snapshot chunks stored, over every table of the pipeline's record."""
+        try:
+            return sum(t.chunks_done for t in self.control.client.snapshot_state(self.name).tables)
+        except Exception:  # noqa: BLE001 - not registered yet
+            return 0
+
+    def kill_when_chunks_done(self, capture: CaptureProcess, chunks: int,
+                              timeout: float = 300) -> CaptureProcess:
+        """kill -9 `capture` once `chunks` snapshot chunks are stored (progress, not time),
+        then start another and wait until it streams."""
+        deadline = time.monotonic() + timeout
+        while self.chunks_done() < chunks:
+            assert time.monotonic() < deadline, f"{chunks} chunks not done: {capture.tail()}"
+            time.sleep(0.05)
+        capture.kill()
+        capture = self.start()
+        capture.wait_streaming()
+        return capture
+
     def read(self, until: Callable[[BusView], bool], timeout: float = 120) -> BusView:
         return read_bus(self.brokers, self.topic, self.partitions, until, timeout)
 

@@ -277,12 +277,6 @@ def test_initial_snapshot_with_a_concurrent_writer_has_no_gap_and_no_duplicate(
     assert signal_rows < 200, "old watermarks are deleted"
 
 
-def chunks_done(rig: CaptureRig) -> int:
-    try:
-        return sum(t.chunks_done for t in rig.control.client.snapshot_state(rig.name).tables)
-    except Exception:  # noqa: BLE001 - not registered yet
-        return 0
-
 
 @pytest.mark.chaos
 def test_initial_snapshot_killed_three_times_completes_without_a_duplicate(
@@ -298,13 +292,7 @@ def test_initial_snapshot_killed_three_times_completes_without_a_duplicate(
     writer = Writer(mariadb_server, db)
     writer.start()
     for target in (10, 25, 40):
-        deadline = time.monotonic() + 240
-        while chunks_done(rig) < target:
-            assert time.monotonic() < deadline, f"{target} chunks not done: {capture.tail()}"
-            time.sleep(0.05)
-        capture.kill()
-        capture = rig.start()
-        capture.wait_streaming()
+        capture = rig.kill_when_chunks_done(capture, target, timeout=240)
     state = wait_snapshot_done(rig)
     writer.stopped.set()
     writer.join(30)
@@ -340,13 +328,7 @@ def test_one_table_read_in_ranges_on_four_connections_and_killed_once_has_no_gap
     capture.wait_streaming()
     writer = Writer(mariadb_server, db)
     writer.start()
-    deadline = time.monotonic() + 240
-    while chunks_done(rig) < 10:
-        assert time.monotonic() < deadline, f"10 chunks not done: {capture.tail()}"
-        time.sleep(0.05)
-    capture.kill()
-    capture = rig.start()
-    capture.wait_streaming()
+    capture = rig.kill_when_chunks_done(capture, 10, timeout=240)
     state = wait_snapshot_done(rig, tables=1)
     writer.stopped.set()
     writer.join(30)

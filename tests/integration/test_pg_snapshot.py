@@ -249,12 +249,6 @@ def test_initial_snapshot_with_a_concurrent_writer_has_no_gap_and_no_duplicate(
 
 
 
-def chunks_done(rig: CaptureRig) -> int:
-    try:
-        return sum(t.chunks_done for t in rig.control.client.snapshot_state(rig.name).tables)
-    except Exception:  # noqa: BLE001 - not registered yet
-        return 0
-
 
 @pytest.mark.chaos
 def test_initial_snapshot_killed_three_times_completes_without_a_duplicate(
@@ -270,13 +264,7 @@ def test_initial_snapshot_killed_three_times_completes_without_a_duplicate(
     writer = Writer(pg_db, per_second=1_000)  # ~3,000 changes/s: the run's length is bounded
     writer.start()
     for target in (10, 25, 40):
-        deadline = time.monotonic() + 300
-        while chunks_done(rig) < target:
-            assert time.monotonic() < deadline, f"{target} chunks not done: {capture.tail()}"
-            time.sleep(0.05)
-        capture.kill()
-        capture = rig.start()
-        capture.wait_streaming()
+        capture = rig.kill_when_chunks_done(capture, target, timeout=300)
     state = wait_snapshot_done(rig)
     writer.stopped.set()
     writer.join(30)
@@ -328,13 +316,7 @@ def test_one_table_read_in_ranges_on_four_connections_and_killed_once_has_no_gap
     capture.wait_streaming()
     writer = Writer(pg_db, per_second=1_000)
     writer.start()
-    deadline = time.monotonic() + 300
-    while chunks_done(rig) < 15:
-        assert time.monotonic() < deadline, f"15 chunks not done: {capture.tail()}"
-        time.sleep(0.05)
-    capture.kill()
-    capture = rig.start()
-    capture.wait_streaming()
+    capture = rig.kill_when_chunks_done(capture, 15, timeout=300)
     state = wait_snapshot_done(rig, tables=1)
     writer.stopped.set()
     writer.join(30)
