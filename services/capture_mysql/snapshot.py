@@ -378,18 +378,8 @@ class MysqlChunks:
             rows = cur.fetchall()
         if len(rows) < 2:  # at most `size` rows left: the last range
             return None
-        if table.given and self._same_key(table, rows[0], rows[1]):
-            raise _repeated(table, list(rows[0]))
+        # (rows with one given key all fall in this range: `_with_repeats` sees them)
         return [cursor_text(v) for v in rows[0]]
-
-    def _same_key(self, table: _Table, one: Sequence[Any], other: Sequence[Any]) -> bool:
-        """Whether two keys are equal as the server compares them (its collations)."""
-        same = " AND ".join("%s <=> %s" for _ in one)
-        with self._connection().cursor() as cur:
-            cur.execute(f"SELECT {same}", [v for pair in zip(one, other, strict=True)  # noqa: S608 - placeholders only
-                                           for v in pair])
-            row = cur.fetchone()
-        return bool(row and row[0])
 
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
                    token: str, upto: list[str] | None = None) -> ChunkRows:

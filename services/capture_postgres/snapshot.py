@@ -227,8 +227,7 @@ class PostgresChunks:
         rows = reader.execute(query, params).fetchall()
         if len(rows) < 2:  # at most `size` rows left: the last range
             return None
-        if table.keys_unchecked and rows[0] == rows[1]:
-            raise _repeated(table, list(rows[0]))
+        # (two rows with one given key both fall in this range: `_check_unique` sees them)
         return [str(v) for v in rows[0]]
 
     def read_chunk(self, plan: TablePlan, after: list[str] | None, limit: int, where: str,
@@ -282,8 +281,8 @@ class PostgresChunks:
         """A key from `snapshot.key_columns` has no constraint behind it: two rows with the
         same key would be one to the merger, or split by a chunk boundary (the next chunk
         starts after the key). Sorted rows put such rows side by side, here or across the
-        boundary (the extra row read to tell whether more follow; a range's end and the row
-        after it, `boundary`)."""
+        boundary (the extra row read to tell whether more follow; a range ends at a key, and
+        every row with that key is in it)."""
         columns = [c.name for c in table.relation.columns]
         index = [columns.index(k) for k in table.keys]
         previous = None

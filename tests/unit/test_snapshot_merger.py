@@ -327,3 +327,29 @@ def test_a_transaction_is_forgotten_only_when_no_chunk_still_merging_could_hide_
                              Watermark("b", True, Position(tx_seq=63)),
                              Watermark("a", True, Position(tx_seq=64))])
     assert [ids(t) for t in out] == [[8], [1], [3, 4], [2]], "key 1 left to tx 60"
+
+
+def test_a_chunk_still_being_read_lets_forget_what_was_forgettable_when_it_was_announced(
+) -> None:
+    """Two readers, always one chunk each being read: the other reader's chunk, announced
+    before this one's rows came, has no snapshot yet to ask. Its snapshot is newer than that
+    of the chunk filled last before it was announced, so what that one could forget is
+    forgotten (tx 30), and nothing more (tx 45) — else the record grows for the whole read."""
+    merger = SnapshotMerger("src", "acme")
+    merger.record("public.t", KEYS)
+    template = ChangeEvent(schema="public", table="t", op=Op.OP_SNAPSHOT_READ, key_columns=KEYS)
+
+    def rows(ids: tuple[int, ...], xmin: int) -> ChunkRows:
+        return ChunkRows(template, encoded(read(i) for i in ids), [str(ids[-1])], more=True,
+                         forgettable=lambda tx: int(tx) < xmin)
+
+    earlier = Chunk("public.t", KEYS, request_id=1, number=1)
+    merger.open("z", earlier)
+    merger.fill("z", rows((1,), 40))
+    mine, other = Chunk("public.t", KEYS, 1, 2), Chunk("public.t", KEYS, 1, 3)
+    merger.open("a", mine)
+    merger.open("b", other)  # being read: no rows yet
+    merger.fill("a", rows((2, 3), 50))
+    published(merger, [*tx("30", 8), *tx("45", 9), Watermark("a", False, Position(tx_seq=47)),
+                       Watermark("a", True, Position(tx_seq=49))])  # chunk 1 still merging
+    assert sorted(merger._recorded["public.t"]) == ["45"]

@@ -7,6 +7,7 @@ from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture.snapshot.recovery import (
     Found,
     OnBus,
+    ahead_of_a_gap,
     read_lost_again,
     settle,
     still_in_flight,
@@ -178,3 +179,14 @@ def test_a_reset_chunk_whose_truncate_the_bus_lost_is_read_again() -> None:
                              chunks_done=2, recent=[first, _done(2, 50)])
     assert read_lost_again(entry, covered=30)
     assert (entry.cursor, entry.chunks_done) == ("", 0) and entry.reset
+
+
+def test_covered_attempts_past_a_gap_are_the_ones_to_look_for_on_the_bus() -> None:
+    """Chunks 3 and 4 are covered by the epoch in order, 6 is covered past chunk 5 (read on
+    another connection, never published): only 6 needs its keys found; 7 is past the epoch
+    (the scan after it finds it)."""
+    entry = pb.SnapshotTable(table="t", chunks_done=2, inflight=[
+        pb.SnapshotChunk(chunk=3, tx_seq=30), pb.SnapshotChunk(chunk=4, tx_seq=20),
+        pb.SnapshotChunk(chunk=6, tx_seq=25), pb.SnapshotChunk(chunk=7, tx_seq=60),
+        pb.SnapshotChunk(chunk=5, tx_seq=4, partial_from={0: 1}, partial_to={0: 2})])
+    assert [c.chunk for c in ahead_of_a_gap(entry, covered=40)] == [6]

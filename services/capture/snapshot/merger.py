@@ -57,6 +57,9 @@ class Chunk:
     # announced after another's rows came reads a later snapshot (`_forgettable`)
     opened_at: int = 0
     filled_at: int = 0
+    # until its rows come: what the chunk filled last before it was announced could forget
+    # (its read's snapshot is older, and a snapshot's xmin only grows), None: nothing
+    horizon: Callable[[str], bool] | None = None
     published_rows: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -82,6 +85,7 @@ class SnapshotMerger:
         # recorded, not yet by the stream: table -> (keys, remember the commits before)
         self._starting: dict[str, tuple[tuple[str, ...], bool]] = {}
         self._clock = 0  # `Chunk.opened_at`, `Chunk.filled_at`
+        self._last_filled: Callable[[str], bool] | None = None  # `Chunk.horizon`
 
     # worker side
     def record(self, table: str, key_columns: tuple[str, ...], *,
@@ -108,6 +112,7 @@ class SnapshotMerger:
         with self._lock:
             self._clock += 1
             chunk.opened_at = self._clock
+            chunk.horizon = self._last_filled
             self._chunks[token] = chunk
 
     def fill(self, token: str, rows: ChunkRows) -> None:
@@ -117,6 +122,7 @@ class SnapshotMerger:
                 self._clock += 1
                 chunk.filled_at = self._clock
                 chunk.rows = rows
+                self._last_filled = rows.forgettable
 
     def abandon(self, token: str) -> None:
         with self._lock:
@@ -298,12 +304,14 @@ class SnapshotMerger:
         now that `chunk` reached its high watermark (the lock held); None: none for now.
         A chunk announced after `chunk`'s rows came reads a later snapshot, which hides
         nothing `chunk`'s does not; one announced before may read an earlier one (readers
-        on several connections), and must be filled for its own answer to count."""
+        on several connections): its own answer counts once its rows came, until then the
+        answer of the chunk filled last before it was announced (`Chunk.horizon`)."""
         assert chunk.rows is not None
         answers = [chunk.rows.forgettable]
         for other in self._chunks.values():
             if other.table == chunk.table and other.opened_at < chunk.filled_at:
-                answers.append(other.rows.forgettable if other.rows is not None else None)
+                answers.append(other.rows.forgettable if other.rows is not None
+                               else other.horizon)
         if any(answer is None for answer in answers):
             return None
         if len(answers) == 1:

@@ -16,6 +16,7 @@ done only with its `TRUNCATE` on the bus too.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,16 +24,21 @@ from typing import NamedTuple
 
 from tailrace.bus import BusReader
 from tailrace.config import PipelineSpec
+from tailrace.control_client import ControlClient
 from tailrace.events import decode_record
+from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.event_pb2 import EpochMarker, Op
 from tailrace_services.capture.publisher import write_markers
 from tailrace_services.capture.snapshot.chunks import Key, TablePlan, key_of, table_of
 
-__all__ = ["BusScan", "Found", "OnBus", "Settled", "read_lost_again", "settle",
-           "still_in_flight"]
+__all__ = ["BusScan", "Found", "OnBus", "Settled", "ahead_of_a_gap", "read_lost_again",
+           "settle", "still_in_flight"]
 
 SCAN_TIMEOUT_S = 60.0
+WINDOW_EPOCHS = 256  # recorded epochs looked at first to place a transaction (`_window`)
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -160,11 +166,29 @@ def read_lost_again(entry: pb.SnapshotTable, covered: int) -> bool:
     return True
 
 
+def ahead_of_a_gap(entry: pb.SnapshotTable, covered: int) -> list[pb.SnapshotChunk]:
+    """Fresh attempts a recorded epoch covers (`covered`) that sit past a chunk not done:
+    ranges read on several connections reach the bus in any order, and a chunk with nothing
+    to publish leaves no attempt. The epoch rule says they are whole, but the cursor cannot
+    pass the gap before them, so their keys must be found on the bus (`BusScan.find`)."""
+    fresh = sorted((c for c in entry.inflight if not c.partial_from
+                    and c.chunk > entry.chunks_done), key=lambda c: (c.chunk, c.tx_seq))
+    expected = entry.chunks_done + 1
+    ahead: list[pb.SnapshotChunk] = []
+    for chunk in fresh:
+        if not ahead and chunk.chunk == expected and chunk.tx_seq <= covered:
+            expected += 1  # done by the epoch rule, in order (`settle`)
+        elif chunk.tx_seq <= covered:
+            ahead.append(chunk)
+    return ahead
+
+
 class BusScan:
     """Reads what earlier processes published of a table's attempts."""
 
-    def __init__(self, pipeline: PipelineSpec) -> None:
+    def __init__(self, pipeline: PipelineSpec, control: ControlClient) -> None:
         self.pipeline = pipeline
+        self.control = control
 
     def reader(self) -> BusReader:
         bus = self.pipeline.spec.bus
@@ -181,7 +205,8 @@ class BusScan:
         positions = {c.tx_seq for c in fresh if c.tx_seq > covered} | {
             c.cleared_tx_seq for c in fresh if c.cleared_tx_seq > covered}
         earlier = [c for c in entry.inflight if c.partial_from]
-        if not positions and not earlier:
+        ahead = ahead_of_a_gap(entry, covered) if epoch is not None else []
+        if not positions and not earlier and not ahead:
             return found
         ends = self._fence(epoch) if positions else {}
         with self.reader() as reader:
@@ -192,7 +217,39 @@ class BusScan:
                 for partition, first in attempt.partial_from.items():
                     self._collect(reader, partition, first, attempt.partial_to[partition],
                                   entry, plan, {attempt.tx_seq}, found)
+            for attempt in ahead:
+                assert epoch is not None
+                window = self._window(attempt.tx_seq, epoch)
+                if window is None:
+                    log.warning("snapshot chunk before the retained epochs: its keys may be "
+                                "read again", table=entry.table, chunk=attempt.chunk)
+                    continue
+                for partition, end in window[1].items():
+                    self._collect(reader, partition, window[0].get(partition, 0), end, entry,
+                                  plan, {attempt.tx_seq}, found)
         return found
+
+    def _window(self, tx_seq: int, latest: pb.Epoch
+                ) -> tuple[dict[int, int], dict[int, int]] | None:
+        """Where on the bus a transaction an epoch covers lies: from the end of the last
+        epoch before it to the end of the first epoch at or after it, per partition (the
+        recent epochs first, further back when it is older); None when it is older than the
+        retained epochs."""
+        source_id = self.pipeline.spec.source.id
+        back = WINDOW_EPOCHS
+        while True:
+            after = max(0, latest.epoch_id - back)
+            epochs = self.control.epoch_range(source_id, after_epoch_id=after,
+                                              up_to_epoch_id=latest.epoch_id, limit=back + 1)
+            if epochs and epochs[0].position.tx_seq < tx_seq:
+                break
+            if after == 0:
+                return None
+            back *= 4
+        for before, epoch in itertools.pairwise(epochs):
+            if epoch.position.tx_seq >= tx_seq:
+                return dict(before.end_offsets), dict(epoch.end_offsets)
+        return None
 
     def _fence(self, epoch: pb.Epoch | None) -> dict[int, int]:
         """Where each partition ends after everything an earlier process sent: the offset of

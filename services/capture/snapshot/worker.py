@@ -57,6 +57,11 @@ class Recovered(NamedTuple):
     exclude: set[Key]
 
 
+class _SettingUp:
+    """A table's place in `SnapshotWorker._active` while its first reader sets it up; each
+    claim its own, so a reader that gave up clears only its own."""
+
+
 class Reading(NamedTuple):
     """A chunk handed to the merger, its token there, and its key range."""
 
@@ -108,15 +113,15 @@ class SnapshotWorker:
                                           name=f"snapshot-{n}", daemon=True)
                          for n, source in enumerate(self.sources)]
         self._lock = threading.Lock()
-        # tables being read: None while the first reader sets the read up
-        self._active: dict[str, TableRead | None] = {}
+        # tables being read: a `_SettingUp` while the first reader sets the read up
+        self._active: dict[str, TableRead | _SettingUp] = {}
         self._failures: dict[tuple[str, int], int] = {}  # failed reads in a row, any reader
         self._all_done = False
         self._added: deque[str] = deque()
         # keys on the bus already, per table: (request id, keys), kept until the table's
         # read ends (a retry in this process still needs them)
         self._exclude: dict[str, tuple[int, set[Key]]] = {}
-        self._scan = BusScan(pipeline)
+        self._scan = BusScan(pipeline, control)
 
     def start(self, resnapshot: str = "", bus_lost: bool = False) -> None:
         """Report the tables, settle what an earlier process left in flight, then read.
@@ -246,6 +251,7 @@ class SnapshotWorker:
         with the error (streaming goes on)."""
         while not self._stopped.is_set():
             joined: TableRead | None = None
+            setting_up: _SettingUp | None = None
             try:
                 with self._lock:
                     added = [self._added.popleft() for _ in range(len(self._added))]
@@ -264,10 +270,10 @@ class SnapshotWorker:
                     todo = [t for t in state.tables if t.state in ACTIVE
                             and t.table in self.selected and t.table not in self._active]
                     if todo:
-                        self._active[todo[0].table] = None
+                        setting_up = self._active[todo[0].table] = _SettingUp()
                     else:
                         joined = next((r for r in self._active.values()
-                                       if r is not None and r.joinable()), None)
+                                       if isinstance(r, TableRead) and r.joinable()), None)
                         if joined is not None:
                             joined.readers += 1
                         elif not self._active and self.mode == "initial_only" and \
@@ -315,8 +321,8 @@ class SnapshotWorker:
                     self._leave(joined)
                 elif todo:
                     with self._lock:
-                        if self._active.get(table) is None:  # never set up
-                            self._active.pop(table, None)
+                        if self._active.get(table) is setting_up:  # never set up
+                            del self._active[table]
 
     def _read_table(self, entry: pb.SnapshotTable, source: ChunkSource) -> None:
         """Set the table's read up (what an earlier read left in flight settled first),
@@ -371,6 +377,7 @@ class SnapshotWorker:
             return source.boundary(read.plan, after, self.chunk_size, read.where)
 
         held: Reading | None = None  # read, merging: its outcome not known yet
+        reading: Reading | None = None  # read after it, while it merges
         try:
             while not self._stopped.is_set():
                 current = self.progress.table(self.progress.read(), read.table)
@@ -399,7 +406,7 @@ class SnapshotWorker:
                 reading = self._start(source, read, span)
                 if held is not None:
                     self._finish(read, source, held)
-                held = reading
+                held, reading = reading, None
                 if alone:  # before any range after it is handed out
                     self._finish(read, source, held)
                     held = None
@@ -409,8 +416,9 @@ class SnapshotWorker:
         except BaseException:
             read.failed = True
             read.stop()
-            if held is not None:  # its high watermark is written: its merge needs the
-                self._outcome(held)  # table's recorded transactions, and a retry its record
+            for started in (held, reading):  # high watermarks written: their merges need
+                if started is not None:  # the table's recorded transactions, a retry
+                    self._outcome(started)  # their records
             raise
 
     def _leave(self, read: TableRead) -> None:
@@ -419,8 +427,6 @@ class SnapshotWorker:
         with self._lock:
             read.readers -= 1
             last = read.readers == 0
-            if read.ended:
-                self._failures.pop((read.table, read.request_id), None)
         if not last:
             return
         try:
@@ -435,7 +441,8 @@ class SnapshotWorker:
         finally:
             self.merger.forget(read.table)
             with self._lock:
-                self._active.pop(read.table, None)
+                if self._active.get(read.table) is read:
+                    del self._active[read.table]
 
     def _finish(self, read: TableRead, source: ChunkSource, reading: Reading) -> None:
         """Wait for the chunk's outcome, reading its range again while it is discarded (e.g.
@@ -456,6 +463,8 @@ class SnapshotWorker:
         # on the bus do
         read.done(reading.span, _stored(chunk, reading.span.number, reading.span.after))
         self._wake.set()  # ranges may be handed out again (after a reset's first chunk)
+        with self._lock:  # failures count in a row
+            self._failures.pop((read.table, read.request_id), None)
         self._store(read, 0 if chunk.last or not chunk.published_rows else PENDING_CHUNKS)
 
     def _store(self, read: TableRead, keep: int) -> None:
