@@ -30,7 +30,7 @@ kind: Pipeline
 metadata: {{name: {name}, tenant: {tenant}}}
 spec:
   source:
-    type: postgres
+    type: {source_type}
     id: {source_id}
     dsn: "{dsn}"
     tables: {tables}{source_extra}
@@ -217,18 +217,21 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
     def make(tables: str = "[public.*]", stream: str = "tr.{database}.{table}",
              sink: str | None = None, extra: str = "", batch: str = "{max_ms: 200}",
              partitions: int = 1, control: str = "", control_args: tuple[str, ...] = (),
-             source: str = "", brokers: str = "") -> RunningPipeline:
+             source: str = "", brokers: str = "", source_type: str = "postgres",
+             dsn: str = "") -> RunningPipeline:
         """`sink`: a YAML flow mapping replacing the default Redis sink; `control`: more
         fields of spec.control (`tls: {...}`), `control_args`: more arguments for control;
         `source`: more fields of spec.source, one YAML line each (`snapshot: {...}`);
-        `brokers`: another bus than the session's broker (one the test restarts)."""
+        `brokers`: another bus than the session's broker (one the test restarts);
+        `source_type`/`dsn`: another source than `pg_db` (mysql and a MariaDB DSN)."""
         name = f"t{len(made)}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         control_port = free_port()
         spec_path = tmp_path / f"{name}.yaml"
         service_token = write_secret(tmp_path / f"{name}.service.token", new_token())
         admin_token = write_secret(tmp_path / f"{name}.admin.token", new_token())
         spec_path.write_text(SPEC_TEMPLATE.format(
-            name=name, tenant="acme", source_id=f"src-{name}", dsn=pg_db, tables=tables,
+            name=name, tenant="acme", source_id=f"src-{name}", dsn=dsn or pg_db,
+            source_type=source_type, tables=tables,
             sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
                               f'stream: "{stream}"}}',
             brokers=brokers or kafka_broker.bootstrap, control_port=control_port, batch=batch,
