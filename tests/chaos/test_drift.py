@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pymysql
 import pytest
 
 from tailrace.devservers import MariaDBServer
