@@ -229,6 +229,15 @@ class BusReader:
             raise BusReadError(f"bus {self.topic}[{partition}]: {redact(str(e))}") from None
         return int(high)
 
+    def unanswered(self, timeout_s: float) -> str:
+        """Why no broker answered a metadata request for the topic within `timeout_s`; ""
+        when one did (whether or not the topic exists yet)."""
+        try:
+            self._consumer.list_topics(self.topic, timeout=timeout_s)
+        except KafkaException as e:
+            return redact(str(e))
+        return ""
+
     def _end_or_none(self, partition: int) -> int | None:
         try:
             return self.end_offset(partition, 5.0)

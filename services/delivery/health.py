@@ -149,7 +149,7 @@ class PipelineHealth:
 
     def readiness(self) -> tuple[bool, str]:
         """For `/ready`: not while a sink fails its batches or a link the driver's own calls
-        find cut (`tailrace.links`: the control service), naming them."""
+        find cut (`tailrace.links`: the control service, the bus: `buswatch.py`), naming them."""
         why = [f"sink {s.sink_id} failed {s.batches} batch{'es' if s.batches > 1 else ''} "
                f"in a row: {s.error}" for s in self.current.sinks]
         if broken := LINKS.reason():

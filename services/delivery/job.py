@@ -58,6 +58,7 @@ from tailrace.errors import ConfigError, FatalError, FencedError, TailraceError
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
+from tailrace_services.delivery.buswatch import BusWatch
 from tailrace_services.delivery.committer import BatchCommitter, BatchReport
 from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
 from tailrace_services.delivery.health import PipelineHealth
@@ -280,7 +281,11 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
         return (stop_when is not None and stop_when()) or (
             deadline is not None and time.monotonic() >= deadline)
 
-    _queries(job, spark, master, should_stop)
+    watch = BusWatch(pipeline).start()  # `/ready` names a cut bus (the workers read it)
+    try:
+        _queries(job, spark, master, should_stop)
+    finally:
+        watch.stop()
 
 
 def stop_spark() -> None:
