@@ -153,6 +153,33 @@ class RunningPipeline:
         assert child.process is not None
         return child.process.wait(timeout)
 
+    def rss_mb(self, name: str) -> float:
+        """Resident memory of a service's process and every process below it (delivery:
+        Spark's JVM and Python workers), in MB."""
+        root = self.procs[name].process
+        assert root is not None
+        parents: dict[int, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(stat.parent.name)] = int(fields[1])
+        tree, todo = [], [root.pid]
+        while todo:
+            pid = todo.pop()
+            tree.append(pid)
+            todo.extend(child for child, parent in parents.items() if parent == pid)
+        total = 0
+        for pid in tree:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in status.splitlines()
+                           if line.startswith("VmRSS:")), 0)
+        return total / 1024
+
     def log_count(self, name: str, text: str) -> int:
         path = self.dir / f"{name}.log"
         return path.read_text(errors="replace").count(text) if path.exists() else 0

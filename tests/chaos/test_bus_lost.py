@@ -20,6 +20,7 @@ import pytest
 from tailrace.bus import BusReader
 from tailrace.config import load_pipeline
 from tailrace.devservers import KafkaBroker
+from tests.fix_matrix import count_values
 from tests.fix_pipeline import values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
@@ -41,8 +42,12 @@ def on_bus(brokers: str, topic: str) -> int:
     return min(seen.values()) if len(seen) == KEYS else -1
 
 
+@pytest.mark.matrix(
+    scenario="the bus broker restarted empty with changes on it not yet delivered",
+    guarantee="a lost bus loses nothing: capture republishes from the sinks' minimum checkpoint, delivery "
+              "goes on from positions")
 def test_a_bus_restarted_empty_loses_nothing_and_duplicates_nothing(
-        pg_db: str, pg_redis_pipeline: Any) -> None:
+        counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     with KafkaBroker() as broker, psycopg.connect(pg_db, autocommit=True) as conn:
@@ -76,6 +81,7 @@ def test_a_bus_restarted_empty_loses_nothing_and_duplicates_nothing(
                           "every transaction in Redis after the bus was lost")
 
         values = values_per_key(url, stream)
+        counted(**count_values(values, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
         assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
             "each key's values once each, in source order"
         assert pipeline.log_count("capture", "republishing from the sinks' checkpoint") >= 1
@@ -87,8 +93,12 @@ def test_a_bus_restarted_empty_loses_nothing_and_duplicates_nothing(
               "new bus generation")
 
 
-def test_snapshot_chunks_lost_with_the_bus_are_read_again(pg_db: str, pg_redis_pipeline: Any
-                                                          ) -> None:
+@pytest.mark.matrix(
+    scenario="the bus restarted empty holding snapshot chunks not yet delivered",
+    guarantee="the rows of a chunk are not in the source's log: the lost chunks are read "
+              "again, the delivered ones not")
+def test_snapshot_chunks_lost_with_the_bus_are_read_again(
+        counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     """A chunk's rows are not in the source's log, only its watermarks are: chunks on the
     lost bus that the sink had not received are read again, those it had are not. Table a
     is snapshotted and delivered; with delivery paused, table b appears and is
@@ -121,6 +131,8 @@ def test_snapshot_chunks_lost_with_the_bus_are_read_again(pg_db: str, pg_redis_p
         admin.resume(spec.name)
         pipeline.wait_for(lambda: len(rows_in("b")) == rows, 300,
                           "table b in Redis after the bus was lost")
+        counted(**count_values({**rows_in("a"), **{rows + k: v for k, v in rows_in("b").items()}},
+                               {k: [0] for k in range(2 * rows)}))
         assert rows_in("a") == {k: [0] for k in range(rows)}, "a's rows once: not read again"
         assert rows_in("b") == {k: [1] for k in range(rows)}, "b's rows once"
         assert pipeline.log_count("capture", "snapshot chunks lost with the bus") == 1

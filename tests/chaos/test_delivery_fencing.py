@@ -27,8 +27,12 @@ pytestmark = pytest.mark.chaos
 TX, ROWS_PER_TX = 80, 50
 
 
-def test_a_second_delivery_instance_fences_the_first(pg_db: str, pg_redis_pipeline: Any,
-                                                     noida_kafka: Any) -> None:
+@pytest.mark.matrix(
+    scenario="a second delivery instance started for the same pipeline (Kafka exactly-once sink)",
+    guarantee="one delivery instance per pipeline: the newest claim fences the older, which stops; nothing "
+              "duplicated, per-key order")
+def test_a_second_delivery_instance_fences_the_first(
+        counted: Any, pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     topic = f"fence{uuid.uuid4().hex[:6]}.acct"
@@ -75,6 +79,8 @@ def test_a_second_delivery_instance_fences_the_first(pg_db: str, pg_redis_pipeli
     per_key: dict[int, list[int]] = defaultdict(list)
     for e in events:
         per_key[e["after"]["id"]].append(e["after"]["v"])
+    counted(changes_in=total, changes_out=len(ids), duplicates=len(ids) - len(set(ids)),
+            order_violations=sum(vs != [0, *range(1, TX)] for vs in per_key.values()))
     assert all(vs == [0, *range(1, TX)] for vs in per_key.values()), "per-key source order"
 
     with pipeline.control_client() as control:

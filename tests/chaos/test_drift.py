@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from tailrace.devservers import MariaDBServer
+from tests.fix_matrix import count_values
 
 pytestmark = pytest.mark.chaos
 
@@ -47,9 +48,13 @@ def run_workload(execute: Callable[[str], None],
             write(transaction, t, extra)
 
 
+@pytest.mark.matrix(
+    scenario="a column added, renamed and dropped mid-workload (PostgreSQL, MariaDB)",
+    guarantee="every change once, per key in order, with the columns its row had at commit and one schema "
+              "version per structure")
 @pytest.mark.parametrize("source", ["postgres", "mariadb"])
 def test_a_column_added_renamed_and_dropped_mid_workload_keeps_every_change_and_its_columns(
-        source: str, pg_db: str, mariadb_server: MariaDBServer, pg_redis_pipeline: Any) -> None:
+        counted: Any, source: str, pg_db: str, mariadb_server: MariaDBServer, pg_redis_pipeline: Any) -> None:
     stream = f"drift{uuid.uuid4().hex[:6]}.acct"
     if source == "postgres":
         dsn, tables, source_type = pg_db, "[public.acct]", "postgres"
@@ -111,6 +116,7 @@ def test_a_column_added_renamed_and_dropped_mid_workload_keeps_every_change_and_
         versions.setdefault(phase, set()).add(entry["schema_version"])
     alters = [e for e in ddl if "ALTER TABLE" in json.dumps(e).upper()]
     assert len(alters) == (len(ALTERS) if source == "mariadb" else 0), ddl
+    counted(**count_values(per_key, {k: list(range(last + 1)) for k in range(KEYS)}))
     assert per_key == {k: list(range(last + 1)) for k in range(KEYS)}, \
         "each change once, per key in source order"
     assert all(len(v) == 1 for v in versions.values()), versions

@@ -27,8 +27,12 @@ TX, KEYS = 500, 100  # 500 transactions updating the same 100 keys: 50,000 chang
 KILLS = 10
 
 
+@pytest.mark.matrix(
+    scenario="delivery killed -9 ten times by progress, Kafka sink exactly-once beside at-least-once",
+    guarantee="exactly once on Kafka (batch = one transaction, its checkpoint inside it); at-least-once "
+              "loses nothing and shows its duplicates")
 def test_delivery_job_killed_ten_times_kafka_exactly_once_vs_at_least_once(
-        pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
+        counted: Any, pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     prefix = f"k{uuid.uuid4().hex[:6]}"
@@ -98,6 +102,8 @@ def test_delivery_job_killed_ten_times_kafka_exactly_once_vs_at_least_once(
         by_tx[e["tx"]["id"]].append(e["tx"]["index"])
     assert len(by_tx) == TX
     assert all(sorted(ix) == list(range(KEYS)) for ix in by_tx.values()), "every transaction whole"
+    counted(changes_in=total, changes_out=len(ids), duplicates=len(ids) - len(set(ids)),
+            order_violations=sum(vs != [0, *range(1, TX)] for vs in per_key.values()))
     first_seen: dict[int, list[int]] = defaultdict(list)
     seen: set[str] = set()
     for e in alo:  # at-least-once replays a range; in first-seen order each key is in order

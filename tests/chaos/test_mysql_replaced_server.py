@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,9 +84,14 @@ VARIANTS = {
 }
 
 
+@pytest.mark.matrix(
+    scenario="MariaDB replaced on the same address (RESET MASTER, a fresh server, a server behind or past "
+             "us)",
+    guarantee="a lost position stops loudly with the reason, health position_lost, never adapt; none of the "
+              "new server's changes published")
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_a_replaced_server_on_the_same_address_is_a_lost_position(
-        variant: str, mysql_spec: Callable[..., Path],
+        counted: Any, variant: str, mysql_spec: Callable[..., Path],
         make_mariadb_server: Callable[..., MariaDBServer], kafka_broker: KafkaBroker,
         control: Control) -> None:
     extra, count, flush_every, words = VARIANTS[variant]
@@ -123,10 +129,15 @@ def test_a_replaced_server_on_the_same_address_is_a_lost_position(
     reader.poll(2.0)
     values = _values(reader)
     assert values == [(i, "old") for i in range(OURS)], "none of the new server's changes"
+    counted(changes_in=OURS, changes_out=len(values),
+            outcome=f"position lost ({variant}); none of the new server's changes published")
 
 
+@pytest.mark.matrix(
+    scenario="the capture process on a replaced MariaDB server",
+    guarantee="/health answers 503 naming the lost position")
 def test_the_http_health_of_a_capture_on_a_replaced_server_is_503(
-        tmp_path: Path, mysql_spec: Callable[..., Path],
+        counted: Any, tmp_path: Path, mysql_spec: Callable[..., Path],
         make_mariadb_server: Callable[..., MariaDBServer], kafka_broker: KafkaBroker) -> None:
     first = make_mariadb_server(server_id=1)
     _source(first)
@@ -158,10 +169,14 @@ def test_the_http_health_of_a_capture_on_a_replaced_server_is_503(
         proc.terminate()
         proc.wait(20)
         log.close()
+    counted(outcome="/health 503: position lost")
 
 
+@pytest.mark.matrix(
+    scenario="binlogs already consumed purged on the same MariaDB server",
+    guarantee="no false alarm: the same server goes on, health running, no reconcile record")
 def test_purging_consumed_binlogs_on_the_same_server_is_no_identity_change(
-        mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
+        counted: Any, mysql_spec: Callable[..., Path], make_mariadb_server: Callable[..., MariaDBServer],
         kafka_broker: KafkaBroker, control: Control) -> None:
     server = make_mariadb_server(server_id=1)
     _source(server)
@@ -181,3 +196,6 @@ def test_purging_consumed_binlogs_on_the_same_server_is_no_identity_change(
         (i, "b") for i in range(OURS, OURS + 10)]
     assert control.client.list_reconcile_records("src-purged-same") == []
     reader.close()
+    counted(outcome="streaming went on; every change once; no reconcile record")
+
+

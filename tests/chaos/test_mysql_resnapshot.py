@@ -127,8 +127,11 @@ def assert_consistent(rig: CaptureRig, capture: CaptureProcess, server: MariaDBS
     return kept
 
 
+@pytest.mark.matrix(
+    scenario="MariaDB binlogs purged past the checkpoint while capture was down, then tailrace resnapshot",
+    guarantee="recovery from a lost position: 503 first, then the bus replays to exactly the source's rows")
 def test_binlogs_purged_while_capture_was_down_come_back_with_tailrace_resnapshot(
-        make_mariadb_server: Callable[..., MariaDBServer], mysql_rig: Callable[..., CaptureRig],
+        counted: Any, make_mariadb_server: Callable[..., MariaDBServer], mysql_rig: Callable[..., CaptureRig],
         capsys: pytest.CaptureFixture[str]) -> None:
 
     server = make_mariadb_server()
@@ -164,10 +167,15 @@ def test_binlogs_purged_while_capture_was_down_come_back_with_tailrace_resnapsho
     assert [r.decision for r in rig.control.client.list_reconcile_records(rig.source_id)] \
         == ["accepted"]
     assert again.stop() == 0
+    counted(outcome="position lost, then resnapshot: the bus replays to the source's rows, none read twice")
 
 
+@pytest.mark.matrix(
+    scenario="MariaDB replaced by a fresh server reusing and passing our GTIDs, snapshot.mode when_needed",
+    guarantee="recovery by itself: the new history numbered after the old, the bus replays to the source's "
+              "rows")
 def test_a_replaced_server_reusing_our_gtids_comes_back_by_itself_when_needed(
-        make_mariadb_server: Callable[..., MariaDBServer],
+        counted: Any, make_mariadb_server: Callable[..., MariaDBServer],
         mysql_rig: Callable[..., CaptureRig]) -> None:
     server_a = make_mariadb_server(server_id=1)
     setup_items(server_a)
@@ -204,3 +212,6 @@ def test_a_replaced_server_reusing_our_gtids_comes_back_by_itself_when_needed(
     assert "when_needed" in records[1].drift[1]
     print(f"ours {ours}, theirs {theirs}")
     assert capture.stop() == 0
+    counted(outcome="position lost, then re-snapshotted by itself: the bus replays to the source's rows")
+
+

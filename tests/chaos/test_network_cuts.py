@@ -26,17 +26,18 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from tests.fix_matrix import count_values
 from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
 KEYS = 20
 # what `/ready` of which service names while the link is cut (`tailrace.links`)
-NAMED = {"source": ("capture", "reconnecting to the source database"),
-         "capture-control": ("capture", "control service at 127.0.0.1:"),
-         "delivery-control": ("delivery", "control service at 127.0.0.1:"),
-         "sink": ("delivery", "sink redis1 failed"),
-         "bus": ("capture", "bus at 127.0.0.1:")}
+NAMED = {"source": [("capture", "reconnecting to the source database")],
+         "capture-control": [("capture", "control service at 127.0.0.1:")],
+         "delivery-control": [("delivery", "control service at 127.0.0.1:")],
+         "sink": [("delivery", "sink redis1 failed")],
+         "bus": [("capture", "bus at 127.0.0.1:"), ("delivery", "bus at 127.0.0.1:")]}
 BEFORE, DURING, TRANSACTIONS = 20, 50, 70  # t < BEFORE delivered first; up to DURING cut
 CUT_S = 15.0
 
@@ -66,8 +67,15 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
 
 @pytest.mark.parametrize("link", ["source", "capture-control", "delivery-control", "sink",
                                   "bus"])
+
+
+@pytest.mark.matrix(
+    scenario="a network cut of 15 s on one link during a workload (capture or delivery to source, bus, "
+             "control, sink)",
+    guarantee="no loss, no duplicate, per-key order through a cut; /ready names the cut link; no process "
+              "dies")
 def test_a_cut_link_loses_nothing_and_duplicates_nothing(
-        link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any,
+        counted: Any, link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any,
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
@@ -108,6 +116,7 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
         proxy.cut()
         cut_at = time.monotonic()
         seen: dict[str, list[str]] = {"capture": [], "delivery": []}
+        rss = {name: [pipeline.rss_mb(name)] for name in seen}
         written = BEFORE
         while time.monotonic() - cut_at < CUT_S:
             if written < DURING:
@@ -115,6 +124,7 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
                 written += 1
             for name in seen:
                 seen[name].append(probe(pipeline, name))
+                rss[name].append(pipeline.rss_mb(name))
             pipeline.assert_running()
             time.sleep(0.5)
         proxy.restore()
@@ -124,16 +134,22 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
                       f"every change in Redis after the {link} link came back")
 
     values = values_per_key(pipeline.redis_url, stream)
+    grew = {name: max(samples) - samples[0] for name, samples in rss.items()}
+    counted(**count_values(values, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
+            outcome=f"RSS growth during the cut: capture {grew['capture']:.0f} MB, delivery "
+                    f"{grew['delivery']:.0f} MB")
     assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
         "each key's values once each, in source order"
     pipeline.assert_running()
-    service, named = NAMED[link]
-    assert any("ready 503" in line and named in line for line in seen[service]), \
-        f"{service}'s /ready named the cut link ({named!r}) during the cut: {seen[service]}"
-    pipeline.wait_for(lambda: "ready 200" in probe(pipeline, service), 30,
-                      f"{service}'s /ready 200 again once the link is back")
+    assert grew["capture"] < 64, f"capture's memory grew {grew['capture']:.0f} MB during the cut"
+    for service, named in NAMED[link]:
+        assert any("ready 503" in line and named in line for line in seen[service]), \
+            f"{service}'s /ready named the cut link ({named!r}) during the cut: {seen[service]}"
+        pipeline.wait_for(lambda s=service: "ready 200" in probe(pipeline, s), 30,
+                          f"{service}'s /ready 200 again once the link is back")
     print(f"\n[{link}] cut {CUT_S:.0f} s with transactions {BEFORE}..{DURING - 1} committed "
-          f"meanwhile: {KEYS * TRANSACTIONS} changes in Redis once each, in order")
+          f"meanwhile: {KEYS * TRANSACTIONS} changes in Redis once each, in order; RSS "
+          f"growth during the cut: " + ", ".join(f"{n} {g:.0f} MB" for n, g in grew.items()))
     for name, lines in seen.items():  # one of each answer, whatever the seconds it gave
         answers = {re.sub(r"failing for \d+ s", "failing for N s", line) for line in lines}
         print(f"  {name} during the cut: " + " | ".join(sorted(answers)))
@@ -149,9 +165,12 @@ CREATE TRIGGER audit_acct AFTER INSERT OR UPDATE ON acct
 """
 
 
+@pytest.mark.matrix(
+    scenario="the reply to a sink's commit lost (Redis EXEC, PostgreSQL COMMIT): applied, not acknowledged",
+    guarantee="exactly once where the sink allows it: the retry finds the batch stored and skips it")
 @pytest.mark.parametrize("kind", ["redis", "postgres"])
 def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
-        kind: str, pg_db: str, pg_server: Any, redis_server: Any, pg_redis_pipeline: Any,
+        counted: Any, kind: str, pg_db: str, pg_server: Any, redis_server: Any, pg_redis_pipeline: Any,
         tcp_proxy: Any) -> None:
     """The sink's server receives the batch's commit (Redis `EXEC`, PostgreSQL `COMMIT`)
     and commits it, but the reply never reaches delivery: the connection is gone and the
@@ -206,6 +225,7 @@ def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
             write_account_tx(conn, t, KEYS)
     pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
                       "every change after the lost reply")
+    counted(**count_values(values(), {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
     assert values() == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
         "each key's values once each, in source order"
     pipeline.assert_running()
@@ -215,8 +235,11 @@ def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
           f"batch stored ({skipped} 'replayed events skipped' log line(s))")
 
 
+@pytest.mark.matrix(
+    scenario="a slow thin link to the sink (150 ms each way, 20 kB/s)",
+    guarantee="backpressure: slower, never lossy; no duplicate, per-key order")
 def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
-        pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any) -> None:
+        counted: Any, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any) -> None:
     """Delivery ↔ Redis at 150 ms each way and 20 kB/s while 30 transactions are written:
     batches take longer, nothing else changes."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -245,6 +268,8 @@ def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
         for t in range(DURING, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
     pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 180, "every change")
+    counted(**count_values(values_per_key(redis_server.url, "slow.acct"),
+                           {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
     assert values_per_key(redis_server.url, "slow.acct") == {
         k: list(range(TRANSACTIONS)) for k in range(KEYS)}, "once each, in source order"
     pipeline.assert_running()

@@ -40,8 +40,13 @@ from tests.fix_capture import (
 
 pytestmark = pytest.mark.chaos
 
+
+@pytest.mark.matrix(
+    scenario="PostgreSQL standby promoted without our slot (timeline 1 -> 2)",
+    guarantee="a lost position stops capture loudly (position lost ... Re-snapshot required, health 503), "
+              "never a new slot papering over the gap; reconcile record: resnapshot")
 def test_promoted_standby_without_the_slot_is_a_lost_position(
-        make_pg_server: Any, capture_rig: Any, tcp_proxy: Any) -> None:
+        counted: Any, make_pg_server: Any, capture_rig: Any, tcp_proxy: Any) -> None:
     primary: PostgresServer = make_pg_server()
     dsn_direct = primary.create_database("shop")
     setup_items(dsn_direct)
@@ -76,10 +81,15 @@ def test_promoted_standby_without_the_slot_is_a_lost_position(
                                       "another timeline): system_identifier ")
     assert record.drift[0].endswith("timeline 1 -> 2")
     assert record.new_identity.attributes["timeline"] == "2"
+    counted(outcome="position lost: the slot does not exist on the promoted standby")
 
 
+@pytest.mark.matrix(
+    scenario="another PostgreSQL cluster on the same address",
+    guarantee="a lost position stops capture loudly (position lost ... Re-snapshot required, health 503), "
+              "never a new slot papering over the gap")
 def test_independent_server_on_the_same_address_is_a_lost_position(
-        make_pg_server: Any, capture_rig: Any) -> None:
+        counted: Any, make_pg_server: Any, capture_rig: Any) -> None:
     server_a: PostgresServer = make_pg_server()
     dsn = server_a.create_database("shop")
     setup_items(dsn)
@@ -118,9 +128,14 @@ def test_independent_server_on_the_same_address_is_a_lost_position(
     # a restart does not get past it: the new identity was never stored
     capture = rig.start()
     assert_position_lost(rig, capture, "the server changed (system_identifier")
+    counted(outcome="position lost: the server changed (system_identifier); /health 503")
 
 
-def test_dropped_slot_is_a_lost_position(pg_db: str, capture_rig: Any) -> None:
+@pytest.mark.matrix(
+    scenario="our replication slot dropped while capture was down",
+    guarantee="a lost position stops capture loudly (position lost ... Re-snapshot required, health 503), "
+              "never a new slot papering over the gap")
+def test_dropped_slot_is_a_lost_position(counted: Any, pg_db: str, capture_rig: Any) -> None:
     setup_items(pg_db)
     rig = capture_rig(pg_db, "[public.items]")
     capture = stream_and_checkpoint(rig, pg_db, 1)
@@ -132,10 +147,15 @@ def test_dropped_slot_is_a_lost_position(pg_db: str, capture_rig: Any) -> None:
     assert_position_lost(rig, capture, f"replication slot '{rig.slot}' does not exist, but our "
                                        "checkpoint ")
     assert slot_row(pg_db, rig.slot) is None, "no new slot may paper over the gap"
+    counted(outcome="position lost: the slot does not exist; no new slot made")
 
 
-def test_recreated_slot_past_the_checkpoint_is_a_lost_position(pg_db: str, capture_rig: Any
-                                                               ) -> None:
+@pytest.mark.matrix(
+    scenario="our slot dropped and made again past our checkpoint",
+    guarantee="a lost position stops capture loudly (position lost ... Re-snapshot required, health 503), "
+              "never a new slot papering over the gap")
+def test_recreated_slot_past_the_checkpoint_is_a_lost_position(
+        counted: Any, pg_db: str, capture_rig: Any) -> None:
     setup_items(pg_db)
     rig = capture_rig(pg_db, "[public.items]")
     capture = stream_and_checkpoint(rig, pg_db, 1)
@@ -147,9 +167,14 @@ def test_recreated_slot_past_the_checkpoint_is_a_lost_position(pg_db: str, captu
     capture = rig.start()
     assert_position_lost(rig, capture, "confirmed_flush_lsn")
     assert "is past our checkpoint" in capture.log()
+    counted(outcome="position lost: the slot's confirmed_flush_lsn is past our checkpoint")
 
 
-def test_wal_status_lost_is_a_lost_position(make_pg_server: Any, capture_rig: Any) -> None:
+@pytest.mark.matrix(
+    scenario="our slot invalidated (wal_status lost, max_slot_wal_keep_size)",
+    guarantee="a lost position stops capture loudly (position lost ... Re-snapshot required, health 503), "
+              "never a new slot papering over the gap")
+def test_wal_status_lost_is_a_lost_position(counted: Any, make_pg_server: Any, capture_rig: Any) -> None:
     server: PostgresServer = make_pg_server(settings={
         "max_slot_wal_keep_size": "1MB", "wal_keep_size": 0, "min_wal_size": "32MB",
         "max_wal_size": "64MB"})
@@ -170,3 +195,6 @@ def test_wal_status_lost_is_a_lost_position(make_pg_server: Any, capture_rig: An
             conn.execute("CHECKPOINT")
     capture = rig.start()
     assert_position_lost(rig, capture, f"replication slot '{rig.slot}' has wal_status=lost")
+    counted(outcome="position lost: wal_status lost")
+
+

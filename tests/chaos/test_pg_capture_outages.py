@@ -65,8 +65,11 @@ def assert_all_arrived(rig: Any, writer: Writer, total: int) -> int:
     return len(view.events) - len(kept)
 
 
+@pytest.mark.matrix(
+    scenario="the PostgreSQL walsender killed three times under load",
+    guarantee="capture reconnects by itself (backoff) and loses nothing; per key in order")
 def test_walsender_killed_three_times_capture_reconnects_and_loses_nothing(
-        pg_db: str, capture_rig: Any) -> None:
+        counted: Any, pg_db: str, capture_rig: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL)")
     rig = capture_rig(pg_db, "[public.items]")
@@ -90,7 +93,9 @@ def test_walsender_killed_three_times_capture_reconnects_and_loses_nothing(
                 time.sleep(0.1)
     time.sleep(1.0)
     total = writer.finish()
-    assert_all_arrived(rig, writer, total)
+    copies = assert_all_arrived(rig, writer, total)
+    counted(changes_in=total, changes_out=total,
+            outcome=f"{copies} copies re-published on reconnect (same ids)")
     assert capture.proc.poll() is None
     assert capture.log().count("capture interrupted; reconnecting") == 3
     assert '"retry_in_s"' in capture.log()
@@ -109,8 +114,12 @@ def reported_write_lsn(dsn: str, slot: str) -> tuple[int, int]:
     return int(row[0] or 0), int(row[1])
 
 
+@pytest.mark.matrix(
+    scenario="the bus cut off from capture under load",
+    guarantee="backpressure: capture stops reading the WAL and holds nothing it cannot publish; resumes "
+              "without loss or duplicate; memory bounded")
 def test_bus_cut_off_capture_stops_reading_then_resumes_without_dropping(
-        pg_db: str, capture_rig: Any, proxied_broker: tuple[ProxiedKafka, TcpProxy]) -> None:
+        counted: Any, pg_db: str, capture_rig: Any, proxied_broker: tuple[ProxiedKafka, TcpProxy]) -> None:
     broker, proxy = proxied_broker
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL)")
@@ -138,6 +147,8 @@ def test_bus_cut_off_capture_stops_reading_then_resumes_without_dropping(
     time.sleep(2)
     total = writer.finish()
     duplicates = assert_all_arrived(rig, writer, total)
+    counted(changes_in=total, changes_out=total, duplicates=duplicates,
+            outcome=f"capture RSS during the cut {rss_cut_kb // 1024} MB")
     assert duplicates == 0, "the bus outage made the capture publish again"
     assert "capture interrupted" not in capture.log()
     assert capture.proc.poll() is None

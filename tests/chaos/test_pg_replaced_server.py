@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -112,8 +113,11 @@ def publish_without_checkpoint(rig: CaptureRig, dsn: str, first_id: int, rows: i
     return lsn_of(rig.wait_epoch(lambda e: e.position.tx_seq >= last).position.tx_seq)
 
 
+@pytest.mark.matrix(
+    scenario="capture restarted on the same PostgreSQL server",
+    guarantee="continuity proven by re-reading the checkpoint's transaction: streaming goes on, nothing lost")
 def test_a_restart_on_the_same_server_verifies_the_checkpoint_transaction(
-        pg_db: str, capture_rig: Callable[..., CaptureRig]) -> None:
+        counted: Any, pg_db: str, capture_rig: Callable[..., CaptureRig]) -> None:
     setup_items(pg_db)
     rig = capture_rig(pg_db, "[public.items]")
     capture = stream_and_checkpoint(rig, pg_db, 1)
@@ -137,12 +141,18 @@ def test_a_restart_on_the_same_server_verifies_the_checkpoint_transaction(
 # behind: the copy's WAL ends before our checkpoint; behind_published: it ends past the
 # checkpoint, before the latest transaction we published; past: past both, so its own
 # transactions sit at our LSNs and only the re-read of the checkpoint's transaction tells.
+    counted(outcome="the checkpoint transaction found again; every change once")
+
+
 COPY_VARIANTS = ["behind", "behind_published", "past"]
 
 
+@pytest.mark.matrix(
+    scenario="an earlier copy of our PostgreSQL cluster (a restored backup) behind the address",
+    guarantee="never followed: position lost, not a silent rewind")
 @pytest.mark.parametrize("variant", COPY_VARIANTS)
 def test_an_earlier_copy_of_the_cluster_is_not_followed(
-        variant: str, make_pg_server: Callable[..., PostgresServer],
+        counted: Any, variant: str, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig], tmp_path: Path) -> None:
     server_a = make_pg_server()
     dsn = server_a.create_database("shop")
@@ -193,11 +203,15 @@ def test_an_earlier_copy_of_the_cluster_is_not_followed(
         assert lsn_to_str(checkpoint) in message
     assert rig.control.client.list_reconcile_records(rig.source_id) == [], \
         "the same identity: nothing to reconcile, the position decides"
+    counted(outcome=f"position lost ({variant})")
 
 
+@pytest.mark.matrix(
+    scenario="a PostgreSQL standby promoted with our checkpoint and slot",
+    guarantee="failover followed: the same history, streaming goes on, nothing lost or repeated")
 def test_a_promoted_standby_that_holds_our_checkpoint_and_slot_is_followed(
-        make_pg_server: Callable[..., PostgresServer],
-        capture_rig: Callable[..., CaptureRig], tmp_path: Path) -> None:
+        counted: Any, make_pg_server: Callable[..., PostgresServer], capture_rig: Callable[..., CaptureRig],
+        tmp_path: Path) -> None:
     """The one identity change that may continue: the same cluster on a new timeline whose
     history contains our checkpoint, with our slot (a file copy made into a standby keeps
     it, as PostgreSQL 17 slot synchronisation would). Reconciled with `adapt`; the re-read
@@ -248,10 +262,14 @@ def test_a_promoted_standby_that_holds_our_checkpoint_and_slot_is_followed(
         assert capture.stop() == 0
     (record,) = rig.control.client.list_reconcile_records(rig.source_id)
     assert record.decision == "adapt" and "timeline 1 -> 2" in record.drift[0]
+    counted(outcome="followed: every change once, none of another history")
 
 
+@pytest.mark.matrix(
+    scenario="a PostgreSQL standby promoted before it received our checkpoint",
+    guarantee="never followed: position lost")
 def test_a_standby_promoted_before_it_received_our_checkpoint_is_not_followed(
-        make_pg_server: Callable[..., PostgresServer],
+        counted: Any, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig]) -> None:
     primary = make_pg_server()
     dsn = primary.create_database("shop")
@@ -290,10 +308,14 @@ def test_a_standby_promoted_before_it_received_our_checkpoint_is_not_followed(
     assert "timeline 2) left timeline 1 at " in message
     (record,) = rig.control.client.list_reconcile_records(rig.source_id)
     assert record.decision == "resnapshot" and "timeline 1 -> 2" in record.drift[0]
+    counted(outcome="position lost: the standby lacks our checkpoint")
 
 
+@pytest.mark.matrix(
+    scenario="another PostgreSQL cluster with a slot of our name whose LSNs pass ours",
+    guarantee="a different server is told by its identity, not by LSNs: position lost")
 def test_another_cluster_with_our_slot_past_our_lsns_is_not_followed(
-        make_pg_server: Callable[..., PostgresServer],
+        counted: Any, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig]) -> None:
     server_a = make_pg_server()
     dsn = server_a.create_database("shop")
@@ -327,10 +349,14 @@ def test_another_cluster_with_our_slot_past_our_lsns_is_not_followed(
            f"'{rig.slot}'" in message
     (record,) = rig.control.client.list_reconcile_records(rig.source_id)
     assert record.decision == "resnapshot"
+    counted(outcome="position lost: a different cluster")
 
 
+@pytest.mark.matrix(
+    scenario="our slot made again before any checkpoint",
+    guarantee="a gap is a lost position, even before the first checkpoint")
 def test_a_slot_recreated_before_any_checkpoint_is_a_gap(
-        pg_db: str, capture_rig: Callable[..., CaptureRig]) -> None:
+        counted: Any, pg_db: str, capture_rig: Callable[..., CaptureRig]) -> None:
     setup_items(pg_db)
     rig = capture_rig(pg_db, "[public.items]")
     capture = rig.start("--http-port", "0")
@@ -351,6 +377,7 @@ def test_a_slot_recreated_before_any_checkpoint_is_a_gap(
         rig, capture, f"replication slot '{rig.slot}' confirmed_flush_lsn "
                       f"{lsn_to_str(recreated[1])} is past the latest transaction we "
                       f"published, ending at {lsn_to_str(published)} on timeline 1", 20)
+    counted(outcome="position lost: the slot was made again")
 
 
 def capture_role(server: PostgresServer, dbname: str) -> str:
@@ -364,8 +391,11 @@ def capture_role(server: PostgresServer, dbname: str) -> str:
     return dsn
 
 
+@pytest.mark.matrix(
+    scenario="the identity check fails (connection cut) on a changed PostgreSQL server",
+    guarantee="uncertainty never adopts a changed server")
 def test_a_failing_check_on_a_changed_server_never_adopts_it(
-        make_pg_server: Callable[..., PostgresServer],
+        counted: Any, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig]) -> None:
     primary = make_pg_server()
     primary.create_database("shop")
@@ -414,10 +444,14 @@ def test_a_failing_check_on_a_changed_server_never_adopts_it(
                                           "our checkpoint ", 20)
     (record,) = rig.control.client.list_reconcile_records(rig.source_id)
     assert record.decision == "resnapshot"
+    counted(outcome="not adopted while the check failed")
 
 
+@pytest.mark.matrix(
+    scenario="the identity check fails on the known PostgreSQL server",
+    guarantee="uncertainty warns and continues; the re-read of the checkpoint transaction decides")
 def test_a_failing_check_on_a_known_server_continues_and_the_re_read_decides(
-        make_pg_server: Callable[..., PostgresServer],
+        counted: Any, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig]) -> None:
     server = make_pg_server()
     server.create_database("shop")
@@ -449,3 +483,6 @@ def test_a_failing_check_on_a_known_server_continues_and_the_re_read_decides(
                                                 f"{checkpoint.position.postgres.xid} ", 40)
     assert "was not sent again: the next transaction it sent is xid " in message
     assert "the slot was recreated or advanced past it" in message
+    counted(outcome="continued; the re-read confirmed the history")
+
+

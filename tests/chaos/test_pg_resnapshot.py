@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -103,8 +104,12 @@ def assert_consistent(rig: CaptureRig, capture: CaptureProcess, dsn: str,
     return view
 
 
+@pytest.mark.matrix(
+    scenario="PostgreSQL slot dropped and rows changed meanwhile, then tailrace resnapshot",
+    guarantee="recovery from a lost position: 503 first, then the bus replays to exactly the source's rows "
+              "(a TRUNCATE first), none read twice")
 def test_a_dropped_slot_comes_back_with_tailrace_resnapshot(
-        pg_db: str, capture_rig: Callable[..., CaptureRig],
+        counted: Any, pg_db: str, capture_rig: Callable[..., CaptureRig],
         capsys: pytest.CaptureFixture[str]) -> None:
 
     setup_items(pg_db)
@@ -126,10 +131,15 @@ def test_a_dropped_slot_comes_back_with_tailrace_resnapshot(
     assert [r.decision for r in records] == ["accepted"]
     assert records[0].new_identity.attributes["era"] == "1"
     assert capture.stop() == 0
+    counted(outcome="position lost, then resnapshot: the bus replays to the source's rows")
 
 
+@pytest.mark.matrix(
+    scenario="PostgreSQL replaced by a cluster whose WAL is behind ours, snapshot.mode when_needed",
+    guarantee="recovery by itself: new-era positions sort after the old; the bus replays to the source's "
+              "rows")
 def test_a_replaced_server_behind_our_lsns_comes_back_by_itself_when_needed(
-        make_pg_server: Callable[..., PostgresServer],
+        counted: Any, make_pg_server: Callable[..., PostgresServer],
         capture_rig: Callable[..., CaptureRig]) -> None:
     server_a = make_pg_server()
     dsn = server_a.create_database("shop")
@@ -169,3 +179,6 @@ def test_a_replaced_server_behind_our_lsns_comes_back_by_itself_when_needed(
     assert [r.decision for r in records] == ["resnapshot", "accepted"]
     assert "when_needed" in records[1].drift[1]
     assert capture.stop() == 0
+    counted(outcome="position lost, then re-snapshotted by itself: the bus replays to the source's rows")
+
+

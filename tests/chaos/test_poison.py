@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.fix_matrix import count_values
 from tests.fix_pipeline import write_account_tx
 
 pytestmark = pytest.mark.chaos
@@ -31,8 +32,13 @@ def rows(dsn: str) -> dict[int, int]:
         return dict(conn.execute("SELECT id, v FROM acct").fetchall())  # type: ignore[arg-type]
 
 
+@pytest.mark.matrix(
+    scenario="rows the PostgreSQL sink refuses (a CHECK) among a workload, journal on; then dlq replay "
+             "after the fix",
+    guarantee="poison goes to the DLQ named with its reason while the rest flows once in order; dlq replay "
+              "delivers each once")
 def test_rows_the_sink_refuses_are_dead_lettered_while_the_rest_flows_and_replayed_once(
-        pg_db: str, pg_server: Any, pg_redis_pipeline: Any) -> None:
+        counted: Any, pg_db: str, pg_server: Any, pg_redis_pipeline: Any) -> None:
     replica = pg_server.create_database(f"r_{uuid.uuid4().hex[:12]}")
     with psycopg.connect(replica, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL, "
@@ -74,6 +80,8 @@ def test_rows_the_sink_refuses_are_dead_lettered_while_the_rest_flows_and_replay
     per_key: dict[int, list[int]] = {}
     for key, value in written:
         per_key.setdefault(key, []).append(value)
+    counted(**count_values(per_key, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
+            outcome=f"{len(poison)} poison rows dead-lettered, then replayed once each")
     assert per_key == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
         "each good change written once, per key in source order; no poison row"
     pipeline.assert_running()

@@ -10,20 +10,28 @@ key in source order, and no other process died.
   noida-db's Kafka on a new data dir): the sink lost writes it had acknowledged. Delivery
   stops with both positions and the way back rather than write on past the gap; the way
   back it names (pause, rewind --reset, resume) brings every change.
+- The source PostgreSQL, the PostgreSQL sink's server and the NATS JetStream server (its
+  stream on disk) killed -9 and started again on their data: the same counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import nats
+import nats.js.errors
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tailrace.config import load_pipeline
 from tailrace.devservers import RedisServer
+from tests.fix_matrix import count_values
 from tests.fix_pipeline import reached, values_per_key, write_account_tx
 from tests.fix_sinks import read_kafka
 
@@ -33,8 +41,11 @@ KEYS = 20
 KILLED_AT, STARTED_AT, TRANSACTIONS = 20, 40, 60  # transactions written before each step
 
 
+@pytest.mark.matrix(
+    scenario="the Redis sink's server killed -9 mid-workload and started on its append-only file",
+    guarantee="exactly once through a sink restart: nothing lost or repeated, per key in order")
 def test_redis_killed_and_started_on_its_append_only_file_loses_and_repeats_nothing(
-        pg_db: str, pg_redis_pipeline: Any) -> None:
+        counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     stream = "aof.acct"
@@ -67,6 +78,7 @@ def test_redis_killed_and_started_on_its_append_only_file_loses_and_repeats_noth
         pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
                           "every change in Redis after it came back")
         values = values_per_key(red.url, stream)
+        counted(**count_values(values, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
         assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
             "each key's values once each, in source order"
         pipeline.assert_running()
@@ -75,8 +87,11 @@ def test_redis_killed_and_started_on_its_append_only_file_loses_and_repeats_noth
               f"{KEYS * TRANSACTIONS} changes in Redis once each, in order")
 
 
+@pytest.mark.matrix(
+    scenario="the control service killed -9 mid-workload and started again on its SQLite file",
+    guarantee="capture and delivery wait (their /ready names it) and go on; nothing lost or repeated")
 def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
-        pg_db: str, pg_redis_pipeline: Any) -> None:
+        counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     pipeline = pg_redis_pipeline(tables="[public.acct]", stream="ctl.{table}")
@@ -109,6 +124,7 @@ def test_control_killed_and_started_again_capture_and_delivery_wait_and_go_on(
     pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
                       "every change in Redis after the control service came back")
     values = values_per_key(pipeline.redis_url, "ctl.acct")
+    counted(**count_values(values, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
     assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
         "each key's values once each, in source order"
     pipeline.wait_for(lambda: pipeline.http_side("capture", "/ready")[0] == 200, 60,
@@ -161,8 +177,13 @@ class Sink:
     restart_empty: Callable[[], Any]
 
 
+@pytest.mark.matrix(
+    scenario="an exactly-once sink's server restarted empty (Redis without persistence, Kafka on a new data "
+             "dir)",
+    guarantee="a sink that lost acknowledged writes stops delivery loudly, naming the gap and the way back; "
+              "the rewind it names brings every change once")
 def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_all_back(
-        pg_db: str, pg_redis_pipeline: Any, forgetful_sink: Sink) -> None:
+        counted: Any, pg_db: str, pg_redis_pipeline: Any, forgetful_sink: Sink) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
     sink = forgetful_sink
@@ -201,6 +222,8 @@ def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_al
 
     pipeline.wait_for(lambda: delivered_up_to() == STARTED_AT - 1, 300,
                       "every change in the sink after the rewind")
+    counted(**count_values(sink.values_per_key(),
+                           {k: list(range(STARTED_AT)) for k in range(KEYS)}))
     assert sink.values_per_key() == {k: list(range(STARTED_AT)) for k in range(KEYS)}, \
         "each key's values once each, in source order"
     pipeline.wait_for(lambda: acknowledged_stored() > before_restart, 60,
@@ -209,3 +232,113 @@ def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_al
     print(f"\nsink server restarted empty after the control checkpoint recorded tx "
           f"{before_restart} stored: delivery stopped (exit {code}) naming the gap; pause, "
           f"rewind --reset, resume: {KEYS * STARTED_AT} changes in the sink once each, in order")
+
+
+def nats_values(url: str, stream: str) -> dict[int, list[int]]:
+    """An `acct` JetStream stream (`write_account_tx`): each key's values, in stream order."""
+    async def fetch() -> list[Any]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return []
+        msgs = [await js.get_msg(stream, seq)  # none yet: first_seq 0 (not a message)
+                for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1)]
+        await nc.close()
+        return msgs
+
+    out: dict[int, list[int]] = {}
+    for msg in asyncio.run(fetch()):
+        after = json.loads(msg.data)["after"]
+        out.setdefault(after["id"], []).append(after["v"])
+    return out
+
+
+@pytest.mark.matrix(
+    scenario="a server killed -9 mid-workload and started again on its data: the source "
+             "PostgreSQL, the PostgreSQL sink's server, the NATS JetStream server",
+    guarantee="nothing lost or repeated through a restart of the source or a sink server; per key "
+              "in order; no process dies")
+@pytest.mark.parametrize("server", ["source-postgres", "sink-postgres", "sink-nats"])
+def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
+        counted: Any, server: str, make_pg_server: Any, make_nats_server: Any,
+        pg_redis_pipeline: Any) -> None:
+    """The server is killed -9 once the first transactions are in the sink, transactions go
+    on meanwhile (the source's wait for it: they are written after it is back), and it is
+    started on the same data dir and port. PostgreSQL sink: an audit trigger counts each
+    row written; NATS: the stream on disk, deduplicated by `Nats-Msg-Id`."""
+    source_server: Any = make_pg_server() if server == "source-postgres" else None
+    dsn = source_server.create_database("shop") if source_server else ""
+    target: Any = None
+    if server == "sink-postgres":
+        target = make_pg_server()
+        replica = target.create_database("replica")
+        with psycopg.connect(replica, autocommit=True) as conn:
+            conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+            conn.execute("CREATE TABLE audit (n bigserial, id int, v int)")
+            conn.execute("CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                         "INSERT INTO audit (id, v) VALUES (NEW.id, NEW.v); RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER audit AFTER INSERT OR UPDATE ON acct FOR EACH ROW "
+                         "EXECUTE FUNCTION audit()")
+        sink = f'{{id: pg1, type: postgres, dsn: "{replica}"}}'
+    elif server == "sink-nats":
+        target = make_nats_server()
+        stream = f"R{uuid.uuid4().hex[:8]}"
+        sink = (f'{{id: nats1, type: nats, url: "{target.url}", stream: "{stream}", '
+                f'subject: "{stream}.{{table}}"}}')
+    else:
+        sink = ""  # the fixture's Redis
+    killed: Any = source_server or target
+
+    def values() -> dict[int, list[int]]:
+        if server == "sink-postgres":
+            with psycopg.connect(replica) as conn:
+                out: dict[int, list[int]] = {}
+                for key, value in conn.execute("SELECT id, v FROM audit ORDER BY n"):
+                    out.setdefault(key, []).append(value)
+                return out
+        if server == "sink-nats":
+            return nats_values(target.url, stream)
+        return values_per_key(pipeline.redis_url, "rs.acct")
+
+    source = dsn or None
+    pipeline = pg_redis_pipeline(tables="[public.acct]", stream="rs.{table}",
+                                 sink=sink or None, dsn=dsn)
+    with psycopg.connect(source or pipeline_dsn(pipeline), autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
+    pipeline.start_all()
+    with psycopg.connect(source or pipeline_dsn(pipeline), autocommit=True) as conn:
+        for t in range(KILLED_AT):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: reached(values(), KEYS) >= KILLED_AT // 2, 180,
+                      "the first changes in the sink")
+    killed.kill()
+    if server != "source-postgres":  # the source goes on while the sink is away
+        with psycopg.connect(pipeline_dsn(pipeline), autocommit=True) as conn:
+            for t in range(KILLED_AT, STARTED_AT):
+                write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: pipeline.log_count("delivery", "sink did not acknowledge")
+                          > 0, 180, "a batch the killed sink did not acknowledge")
+    else:
+        pipeline.wait_for(lambda: pipeline.log_count("capture", "reconnect") > 0, 120,
+                          "capture noticing its source went away")
+    killed.start()  # the same port, the same data
+    with psycopg.connect(source or pipeline_dsn(pipeline), autocommit=True) as conn:
+        first = KILLED_AT if server == "source-postgres" else STARTED_AT
+        for t in range(first, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: reached(values(), KEYS) == TRANSACTIONS - 1, 300,
+                      "every change in the sink after the restart")
+    got = values()
+    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
+    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.assert_running()
+    print(f"\n{server} killed -9 after {KILLED_AT} transactions and started again: "
+          f"{KEYS * TRANSACTIONS} changes in the sink once each, in order")
+
+
+def pipeline_dsn(pipeline: Any) -> str:
+    """The source DSN the pipeline's spec names."""
+    return load_pipeline(pipeline.spec_path).spec.source.dsn.get_secret_value()

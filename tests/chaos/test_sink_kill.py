@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import psycopg
 import pytest
 import redis
 
+from tailrace.devservers.noida import NoidaKafka
 from tailrace.events import ChangeEvent
 from tests.fix_sinks import final_state, read_kafka, save_events, source_events
 
@@ -112,8 +114,13 @@ def report(name: str, run: KillRun, **figures: Any) -> None:
 
 # -- Redis ---------------------------------------------------------------------------------
 
-def test_redis_exactly_once_through_ten_kills(redis_server: Any, events_20k: Any,
-                                              tmp_path: Path) -> None:
+
+@pytest.mark.matrix(
+    scenario="the delivery worker killed -9 ten times by progress (acknowledged batches), Redis sink",
+    guarantee="exactly once on Redis: a batch and its checkpoint in one MULTI/EXEC; every event once, in "
+              "source order")
+def test_redis_exactly_once_through_ten_kills(
+        counted: Any, redis_server: Any, events_20k: Any, tmp_path: Path) -> None:
     events, path = events_20k
     prefix = f"k{uuid.uuid4().hex[:8]}"
     spec = {"id": "r1", "type": "redis", "url": redis_server.url, "stream": prefix + ".{table}"}
@@ -123,14 +130,21 @@ def test_redis_exactly_once_through_ten_kills(redis_server: Any, events_20k: Any
         got = [f[b"id"].decode() for _, f in client.xrange(f"{prefix}.{table}")]
         assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicate entries"
         assert got == [e.id for e in events if e.table == table]  # all, once, in source order
+    counted(changes_in=len(events), changes_out=len(events),
+            outcome=f"{run.kills} kills")
     report("redis", run, entries=len(events))
     assert run.kills == KILLS
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
 
-def test_postgres_exactly_once_through_ten_kills(pg_db: str, events_20k: Any,
-                                                 tmp_path: Path) -> None:
+
+@pytest.mark.matrix(
+    scenario="the delivery worker killed -9 ten times by progress, PostgreSQL sink",
+    guarantee="exactly once on PostgreSQL: rows and checkpoint in one transaction; each row change applied "
+              "once (audit trigger)")
+def test_postgres_exactly_once_through_ten_kills(
+        counted: Any, pg_db: str, events_20k: Any, tmp_path: Path) -> None:
     events, path = events_20k
     with psycopg.connect(pg_db, autocommit=True) as conn:  # count every applied row change
         conn.execute("CREATE TABLE audit (n bigserial, op text)")
@@ -151,6 +165,8 @@ def test_postgres_exactly_once_through_ten_kills(pg_db: str, events_20k: Any,
     expected = {k: (v["amount"], v["note"], v["version"]) for k, v in final_state(events).items()}
     assert {(r[0], r[1]): (r[2], r[3], r[4]) for r in rows} == expected
     assert applied == len(events), f"{applied - len(events)} row changes applied twice"
+    counted(changes_in=len(events), changes_out=applied, duplicates=applied - len(events),
+            outcome=f"{run.kills} kills")
     report("postgres", run, rows=len(rows), applied=applied)
     assert run.kills == KILLS
 
@@ -162,8 +178,13 @@ def read_all(brokers: str, prefix: str, isolation: str) -> list[tuple[str, str]]
             for m in read_kafka(brokers, [f"{prefix}.orders", f"{prefix}.items"], isolation)]
 
 
-def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
-                                              tmp_path: Path) -> None:
+@pytest.mark.matrix(
+    scenario="the delivery worker killed -9 ten times by progress, most kills inside an open Kafka "
+             "transaction",
+    guarantee="exactly once on Kafka: read_committed holds every event once, in order, whole transactions; "
+              "aborted ones invisible")
+def test_kafka_exactly_once_through_ten_kills(
+        counted: Any, noida_kafka: Any, events_50k: Any, tmp_path: Path) -> None:
     events, path = events_50k
     prefix = f"k{uuid.uuid4().hex[:8]}"
     spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
@@ -177,6 +198,8 @@ def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
         assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicates"
         # every event once, per key (and per table) in source order; whole transactions
         assert got == [e.id for e in events if e.table == table]
+    counted(changes_in=len(events), changes_out=len(committed),
+            duplicates=len(committed) - len({i for _, i in committed}), outcome=f"{run.kills} kills")
     uncommitted = read_all(noida_kafka.bootstrap, prefix, "read_uncommitted")
     report("kafka exactly-once", run, read_committed=len(committed),
            read_uncommitted_incl_aborted=len(uncommitted))
@@ -184,8 +207,11 @@ def test_kafka_exactly_once_through_ten_kills(noida_kafka: Any, events_50k: Any,
     assert len(uncommitted) > len(committed), "no kill hit an open transaction"
 
 
-def test_kafka_at_least_once_shows_the_duplicates_it_allows(noida_kafka: Any, events_50k: Any,
-                                                            tmp_path: Path) -> None:
+@pytest.mark.matrix(
+    scenario="the delivery worker killed -9 ten times by progress, Kafka at-least-once",
+    guarantee="at-least-once: nothing lost; the duplicates it allows, counted")
+def test_kafka_at_least_once_shows_the_duplicates_it_allows(
+        counted: Any, noida_kafka: Any, events_50k: Any, tmp_path: Path) -> None:
     events, path = events_50k
     prefix = f"k{uuid.uuid4().hex[:8]}"
     spec = {"id": "k1", "type": "kafka", "brokers": noida_kafka.bootstrap,
@@ -196,5 +222,63 @@ def test_kafka_at_least_once_shows_the_duplicates_it_allows(noida_kafka: Any, ev
     counts = Counter(i for _, i in got)
     assert set(counts) == {e.id for e in events}  # nothing lost
     duplicates = sum(n - 1 for n in counts.values())
+    counted(changes_in=len(events), changes_out=len(got), duplicates=duplicates,
+            outcome=f"{run.kills} kills")
     report("kafka at-least-once", run, messages=len(got), events=len(events),
            duplicates=duplicates)
+
+
+@pytest.mark.matrix(
+    scenario="the Kafka sink's broker stops answering for 15 s (SIGSTOP) while a transaction "
+             "is open, then answers again",
+    guarantee="exactly once on Kafka through a partition inside a transaction: read_committed "
+              "holds every event once, in source order")
+def test_kafka_exactly_once_through_a_broker_that_stops_answering_mid_transaction(
+        counted: Any, events_20k: Any, tmp_path: Path) -> None:
+    """What a network partition looks like to the producer: its connections stay open and
+    nothing answers. (A proxy cannot sit in front of noida-db, which advertises only its own
+    port.) The freeze comes by progress: after 5 acknowledged batches, inside the next
+    batch's transaction, which the driver holds open 0.5 s before committing."""
+    events, path = events_20k
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    with NoidaKafka() as broker:
+        spec = {"id": "k1", "type": "kafka", "brokers": broker.bootstrap,
+                "topic": prefix + ".{table}", "exactly_once": True}
+        out = tmp_path / "driver.out"
+        cmd = [sys.executable, "-m", "tests.fix_sinks", "drive", "--spec", json.dumps(spec),
+               "--pipeline", prefix, "--events-file", str(path), "--batch", "1000",
+               "--commit-delay", "0.5"]
+        with open(out, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                    env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            deadline = time.monotonic() + 120
+            while _last_acked(out) < 5:
+                assert proc.poll() is None, out.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the driver made no progress"
+                time.sleep(0.005)
+            time.sleep(0.2)  # batch 6's transaction: produced, not committed
+            frozen_at = _last_acked(out)
+            assert broker.pid is not None
+            os.kill(broker.pid, signal.SIGSTOP)
+            time.sleep(15)
+            during = _last_acked(out)
+            os.kill(broker.pid, signal.SIGCONT)
+            assert proc.wait(timeout=300) == 0, out.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        committed = read_all(broker.bootstrap, prefix, "read_committed")
+    ids = [i for _, i in committed]
+    counted(changes_in=len(events), changes_out=len(ids), duplicates=len(ids) - len(set(ids)),
+            order_violations=sum(
+                [i for t, i in committed if t == table] != [e.id for e in events
+                                                              if e.table == table]
+                for table in ("orders", "items")),
+            outcome=f"frozen after batch {frozen_at}; acknowledged meanwhile: up to {during}")
+    assert during == frozen_at, "no batch acknowledged while the broker did not answer"
+    for table in ("orders", "items"):
+        got = [i for t, i in committed if t == table]
+        assert got == [e.id for e in events if e.table == table], "once each, in order"
+    print(f"\nKafka broker frozen 15 s inside batch {frozen_at + 1}'s open transaction: "
+          f"{len(committed)} events read_committed for {len(events)}, each once, in order")
