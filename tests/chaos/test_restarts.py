@@ -257,17 +257,20 @@ def nats_values(url: str, stream: str) -> dict[int, list[int]]:
 
 @pytest.mark.matrix(
     scenario="a server killed -9 mid-workload and started again on its data: the source "
-             "PostgreSQL, the PostgreSQL sink's server, the NATS JetStream server",
+             "PostgreSQL, the PostgreSQL sink's server, NATS JetStream, the Kafka sink's broker "
+             "(noida-db)",
     guarantee="nothing lost or repeated through a restart of the source or a sink server; per key "
               "in order; no process dies")
-@pytest.mark.parametrize("server", ["source-postgres", "sink-postgres", "sink-nats"])
+@pytest.mark.parametrize("server", ["source-postgres", "sink-postgres", "sink-nats",
+                                    "sink-kafka"])
 def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
         counted: Any, server: str, make_pg_server: Any, make_nats_server: Any,
-        pg_redis_pipeline: Any) -> None:
+        make_noida_kafka: Any, pg_redis_pipeline: Any) -> None:
     """The server is killed -9 once the first transactions are in the sink, transactions go
     on meanwhile (the source's wait for it: they are written after it is back), and it is
     started on the same data dir and port. PostgreSQL sink: an audit trigger counts each
-    row written; NATS: the stream on disk, deduplicated by `Nats-Msg-Id`."""
+    row written; NATS: the stream on disk, deduplicated by `Nats-Msg-Id`; Kafka: noida-db
+    (it keeps transactions correct), the exactly-once sink, read committed."""
     source_server: Any = make_pg_server() if server == "source-postgres" else None
     dsn = source_server.create_database("shop") if source_server else ""
     target: Any = None
@@ -287,6 +290,10 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
         stream = f"R{uuid.uuid4().hex[:8]}"
         sink = (f'{{id: nats1, type: nats, url: "{target.url}", stream: "{stream}", '
                 f'subject: "{stream}.{{table}}"}}')
+    elif server == "sink-kafka":
+        target = make_noida_kafka()
+        sink = (f'{{id: kafka1, type: kafka, brokers: "{target.bootstrap}", '
+                'topic: "rs.{table}", exactly_once: true}')
     else:
         sink = ""  # the fixture's Redis
     killed: Any = source_server or target
@@ -300,6 +307,8 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
                 return out
         if server == "sink-nats":
             return nats_values(target.url, stream)
+        if server == "sink-kafka":
+            return kafka_values(target.bootstrap, "rs.acct")
         return values_per_key(pipeline.redis_url, "rs.acct")
 
     source = dsn or None
@@ -337,6 +346,21 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
     pipeline.assert_running()
     print(f"\n{server} killed -9 after {KILLED_AT} transactions and started again: "
           f"{KEYS * TRANSACTIONS} changes in the sink once each, in order")
+
+
+def kafka_values(brokers: str, topic: str) -> dict[int, list[int]]:
+    """An `acct` topic (`write_account_tx`), read committed: each key's values in order."""
+    values: dict[int, list[int]] = {}
+    try:
+        topics = AdminClient({"bootstrap.servers": brokers}).list_topics(timeout=5)
+    except Exception:  # noqa: BLE001 - the broker is away: nothing to count now
+        return values
+    if topic not in topics.topics:
+        return values  # the sink has not written one yet
+    for m in read_kafka(brokers, [topic], timeout=30):
+        after = json.loads(m.value())["after"]
+        values.setdefault(after["id"], []).append(after["v"])
+    return values
 
 
 def pipeline_dsn(pipeline: Any) -> str:
