@@ -327,6 +327,12 @@ class ControlClient:
         self._call("report health", self._identities.ReportHealth, pb.HealthReport(
             subject_id=subject_id, state=HEALTH_STATES[state], reason=reason))
 
+    def report_retained(self, source_id: str, retained_bytes: int, what: str) -> None:
+        """How much log the source's server keeps for it now, `what` holds it; the source's
+        reported state stays as it is."""
+        self._call("report retained log", self._identities.ReportHealth, pb.HealthReport(
+            subject_id=source_id, retained_bytes=retained_bytes, retained_what=what))
+
     def report_pipeline_health(self, pipeline: str, state: str, reason: str = "",
                                sinks: Sequence[pb.SinkHealth] = ()) -> None:
         """A pipeline's health (as `report_health`) with each sink that failed its last batch:

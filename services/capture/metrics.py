@@ -2,9 +2,9 @@
 
 Every metric has the labels `source` (the spec's source id) and `source_type`
 (`postgres` or `mysql`), so one dashboard covers both and the same quantity has the
-same name. Two are PostgreSQL's only, because only WAL bytes compare across a
-source's history (binlog offsets restart with every file): `lag_bytes` and
-`retained_bytes`.
+same name. `lag_bytes` is PostgreSQL's only, because only WAL bytes compare across a
+source's history (binlog offsets restart with every file); `retained_bytes` is each
+server's own measure of what it keeps (`retained.py`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ LAG_SECONDS = _gauge("lag_seconds", "now minus the source commit time of the las
                                     "read")
 SPILL_BYTES = _gauge("spill_bytes", "bytes of the last transaction spilled to disk")
 LAG_BYTES = _gauge("lag_bytes", "PostgreSQL: server WAL end minus the last LSN received")
-RETAINED_BYTES = _gauge("retained_bytes", "PostgreSQL: WAL held back by the slot: server WAL "
-                                          "end minus the LSN every sink has checkpointed")
+RETAINED_BYTES = _gauge("retained_bytes", "source log the server keeps for this pipeline: "
+                                          "PostgreSQL, WAL from the slot's confirmed position "
+                                          "to the server's WAL end; MySQL/MariaDB, binlog "
+                                          "bytes from the sinks' minimum checkpoint")
 
 _TABLE = (*_LABELS, "table")
 SNAPSHOT_ROWS = Counter("tailrace_capture_snapshot_rows_total",

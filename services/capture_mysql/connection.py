@@ -228,3 +228,21 @@ def read_facts(conn: pymysql.connections.Connection, settings: ConnectionSetting
         gtid_binlog_state=MariadbBinlogState.parse(variables.get("gtid_binlog_state", "")),
         first_binlog=first, datadir_created=int(row[0]) if row and row[0] else 0)
 
+
+def binlog_bytes_from(settings: ConnectionSettings, file: str, offset: int
+                      ) -> tuple[int, str] | None:
+    """The binlog bytes the server keeps from `file`:`offset` to the end of its last binlog
+    (`retained.RetainedLog`); None when it no longer has `file`."""
+    conn = connect(settings)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            logs = [(str(row[0]), int(row[1])) for row in cur.fetchall()]
+    finally:
+        conn.close()
+    names = [name for name, _ in logs]
+    if file not in names:
+        return None
+    at = names.index(file)
+    kept = max(logs[at][1] - offset, 0) + sum(size for _, size in logs[at + 1:])
+    return kept, f"binlogs from {file}:{offset} ({len(logs) - at} of {len(logs)} files)"

@@ -43,10 +43,12 @@ from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.retained import RetainedLog
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_mysql.connection import (
     ConnectionSettings,
     ServerFacts,
+    binlog_bytes_from,
     connect,
     read_facts,
 )
@@ -173,19 +175,34 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         merger = SnapshotMerger(self.source.id, self.pipeline.tenant)
         worker = self._snapshot_worker(merger, progress, facts, tables)
         feed.on_table = lambda table: worker.add_tables([table])
+        retained: RetainedLog | None = None
         try:
             with Assembler(self.pipeline, self.control, self.metrics, self.resume) as assembler:
                 worker.start(resnapshot=accept,  # before anything of this session is published
                              bus_lost=assembler.publisher.generation_opened)
                 self.lifecycle.streaming()
+                retained = RetainedLog(self.control, self.source.id, self.metrics,
+                                       self._binlogs_kept).start()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),
                          replica_server_id=self.replica_server_id)
                 assembler.run(merger.items(feed.items()),
                               stopped=lambda: self.lifecycle.stopping)
         finally:
+            if retained is not None:
+                retained.stop()
             worker.stop()
             stream.close()
+
+    def _binlogs_kept(self) -> tuple[int, str] | None:
+        """The binlog bytes from the sinks' minimum checkpoint on (`RetainedLog`); None
+        before the first checkpoint."""
+        checkpoint = self.control.minimum_checkpoint(
+            self.source.id, [s.id for s in self.pipeline.spec.sinks])
+        if checkpoint is None or not checkpoint.position.mysql.file:
+            return None
+        at = checkpoint.position.mysql
+        return binlog_bytes_from(self.settings, at.file, at.offset)
 
     def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
                          facts: ServerFacts, tables: list[tuple[str, str]]) -> SnapshotWorker:

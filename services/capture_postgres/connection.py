@@ -448,3 +448,4 @@ def read_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState:
 def read_facts(repl: ReplicationConnection, conn: psycopg.Connection[Any], slot: str,
                system: SystemIdentity) -> ServerFacts:
     return ServerFacts(read_slot(conn, slot), tuple(repl.timeline_history(system.timeline)))
+

@@ -387,9 +387,10 @@ class SlotFeedback:
 
     def __init__(self, repl: ReplicationConnection, control: ControlClient, source_id: str,
                  sink_ids: list[str], metrics: CaptureMetrics, *, resume_lsn: int,
-                 confirmed_lsn: int, era: int = 0, abandon: Callable[[], bool] = lambda: False
-                 ) -> None:
+                 confirmed_lsn: int, era: int = 0, abandon: Callable[[], bool] = lambda: False,
+                 slot: str = "") -> None:
         self.repl = repl
+        self.slot = slot
         self.control = control
         self.source_id = source_id
         self.sink_ids = sink_ids
@@ -414,6 +415,14 @@ class SlotFeedback:
         wal_end = self.repl.server_wal_end
         self.metrics.lag_bytes.set(max(wal_end - self.received, 0))
         self.metrics.retained_bytes.set(max(wal_end - self.confirmed, 0))
+
+    def retained(self) -> tuple[int, str] | None:
+        """The WAL the server keeps for the slot: from the position it confirmed to the
+        server's WAL end (`retained.RetainedLog`); None before the server said where it ends."""
+        wal_end = self.repl.server_wal_end
+        if not wal_end:
+            return None
+        return max(wal_end - self.confirmed, 0), f"slot {self.slot}"
 
     def _confirmable(self, current: int) -> int:
         """The LSN every sink has checkpointed; never moves backwards within a session."""

@@ -33,6 +33,7 @@ from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
 from tailrace_services.capture.resume import ResumePoint
+from tailrace_services.capture.retained import RetainedLog
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_postgres.connection import (
     ReplicationConnection,
@@ -125,7 +126,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
             feedback = SlotFeedback(repl, self.control, self.source.id, self.sink_ids,
                                     self.metrics, resume_lsn=resume.lsn,
                                     confirmed_lsn=resume.confirm_lsn, era=checked.era,
-                                    abandon=self._abandon)
+                                    abandon=self._abandon, slot=self.slot)
             feed = ChangeFeed(
                 repl, EventFactory(self.source.id, self.pipeline.tenant, system.dbname,
                                    timelines, keys.key_of),
@@ -133,6 +134,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                               system.dbname, self.source.on_schema_drift),
                 feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
                 tick=tick)
+            retained: RetainedLog | None = None
             try:
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
                                idle=feedback.keep_alive) as assembler:
@@ -141,11 +143,15 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                                  bus_lost=assembler.publisher.generation_opened)
                     repl.start(self.slot, self.publication, 0, messages=True)
                     self.lifecycle.streaming()
+                    retained = RetainedLog(self.control, self.source.id, self.metrics,
+                                           feedback.retained).start()
                     log.info("streaming", slot=self.slot, system_id=system.system_id,
                              timeline=system.timeline, resume_after=lsn_to_str(resume.lsn))
                     assembler.run(merger.items(feed.items()),
                                   stopped=lambda: self.lifecycle.stopping)
             finally:
+                if retained is not None:
+                    retained.stop()
                 worker.stop()
                 heartbeat.close()
                 watcher.close()

@@ -39,6 +39,10 @@ def sink_checkpoints(pipelines: PipelineRegistry, checkpoints: CheckpointStore,
     failing = pipelines.sink_health(info.name)
     out = pb.SinkCheckpointsResponse(pipeline=info.name, source_id=info.source_id,
                                      latest_epoch=latest)
+    if info.HasField("retained_bytes"):
+        out.retained_bytes = info.retained_bytes
+        out.retained_what = info.retained_what
+        out.retained_unix_ms = info.retained_unix_ms
     for sink in info.sinks:
         cp = checkpoints.get(info.source_id, sink.id)
         lag = sink_lag(cp, latest, history, info.source_type)

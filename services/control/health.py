@@ -48,8 +48,18 @@ class HealthStore:
             sink.last_error = redact(sink.last_error)[:1000]
         stored.ts_unix_ms = stored.ts_unix_ms or int(time.time() * 1000)
         previous = self.get(report.subject_id)
+        if stored.state == pb.HEALTH_UNSPECIFIED and previous is not None:  # a measurement
+            stored.state, stored.reason = previous.state, previous.reason  # only: the state
+            stored.sinks.extend(previous.sinks)  # stays as reported
+        if stored.HasField("retained_bytes"):
+            stored.retained_unix_ms = stored.retained_unix_ms or stored.ts_unix_ms
+        elif previous is not None and previous.HasField("retained_bytes"):  # kept until
+            stored.retained_bytes = previous.retained_bytes  # the next measurement
+            stored.retained_what = previous.retained_what
+            stored.retained_unix_ms = previous.retained_unix_ms
         self._storage.kv_put(_key(report.subject_id), stored.SerializeToString())
-        if previous is None or previous.state != stored.state:
+        if stored.state != pb.HEALTH_UNSPECIFIED and (previous is None or
+                                                      previous.state != stored.state):
             log_fn = log.error if stored.state in UNHEALTHY else log.info
             log_fn("health changed", subject=stored.subject_id,
                    state=STATE_NAMES.get(stored.state, "unspecified"), reason=stored.reason)

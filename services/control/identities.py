@@ -131,9 +131,9 @@ class IdentitiesServicer(rpc.IdentitiesServicer):
     def ReportHealth(self, request: pb.HealthReport, context: grpc.ServicerContext
                      ) -> pb.ReportHealthResponse:
         require(request, "subject_id")
-        if request.state == pb.HEALTH_UNSPECIFIED:
+        if request.state == pb.HEALTH_UNSPECIFIED and not request.HasField("retained_bytes"):
             raise InvalidArgument("HealthReport.state is required: running, position_lost, "
-                                  "failed, paused or degraded")
+                                  "failed, paused or degraded (or retained_bytes alone)")
         self._health.report(request)
         return pb.ReportHealthResponse()
 

@@ -103,7 +103,8 @@ class PipelineRegistry:
     def with_state(self, info: pb.PipelineInfo) -> pb.PipelineInfo:
         """Paused (by an operator) wins; then a failure or lost position reported by the
         pipeline or its source; then degraded (delivery restarting without progress);
-        otherwise running. Also says which delivery instance owns the pipeline."""
+        otherwise running. Also says which delivery instance owns the pipeline and how much
+        source log the server keeps for it (its capture's last report)."""
         owner, _ = self._owners.get(info.name)
         if owner.generation:
             info.delivery_owner.CopyFrom(owner)
@@ -118,8 +119,12 @@ class PipelineRegistry:
             info.state = pb.PIPELINE_PAUSED
             info.reason = paused.reason or "paused by an operator"
             return info
-        reports = [r for r in (self._health.get(info.name), self._health.get(info.source_id))
-                   if r is not None]
+        source = self._health.get(info.source_id)
+        if source is not None and source.HasField("retained_bytes"):
+            info.retained_bytes = source.retained_bytes
+            info.retained_what = source.retained_what
+            info.retained_unix_ms = source.retained_unix_ms
+        reports = [r for r in (self._health.get(info.name), source) if r is not None]
         for states, pipeline_state in _BY_SEVERITY:
             report = next((r for r in reports if r.state in states), None)
             if report is not None:

@@ -82,9 +82,10 @@ def test_pipelines(tailrace):
     assert code == 0
     header, row = out.splitlines()
     assert header.split() == ["PIPELINE", "TENANT", "SOURCE", "STATE", "POLICY", "SINKS",
-                              "DELIVERY", "REASON"]
+                              "DELIVERY", "RETAINED", "REASON"]
     assert row.split()[:6] == ["orders", "acme", "shop-pg", "(postgres)", "running", "required"]
     assert row.split()[8] == "-", "no delivery instance claimed it"
+    assert row.split()[9] == "-", "no capture measured the source log it keeps yet"
     code, out, _ = tailrace("pipelines", "--json")
     (entry,) = json.loads(out)
     assert entry["sinks"][0] == {"id": "cache", "type": "redis", "required": False,
@@ -99,7 +100,8 @@ def test_checkpoints_with_lag(tailrace):
     code, out, _ = tailrace("checkpoints", "orders")
     assert code == 0
     rows = {line.split()[1]: line.split() for line in out.splitlines()[1:]}
-    # REQUIRED POSITION TX_SEQ VERSION LAG_OFFSETS LAG_BYTES LAG_TX LAG_S UPDATED... LAST_ERROR
+    # REQUIRED POSITION TX_SEQ VERSION LAG_OFFSETS LAG_BYTES LAG_TX LAG_S UPDATED...
+    # SOURCE_LOG_KEPT LAST_ERROR
     assert rows["main"][2:10] == ["yes", "-", "30.0", "1", "0", "0B", "-", "0.0"]
     assert rows["cache"][2:10] == ["no", "-", "20.0", "1", "100", "-", "-", "30.0"]
     assert rows["cache"][-1] == "-", "no error reported for it"
@@ -109,6 +111,24 @@ def test_checkpoints_with_lag(tailrace):
                                                                          "main": 0}
     main = next(s for s in answer["sinks"] if s["sink_id"] == "main")
     assert (main["lag_bytes"], main["checkpoint"]["position"]["tx_seq"]) == (0, 30)
+
+
+def test_the_source_log_a_pipeline_keeps_is_shown_as_capture_last_measured_it(
+        tailrace, control):
+    """`report_retained` (what capture sends every 10 s) changes no state; `pipelines`,
+    `checkpoints` and their JSON show the figure and what holds it."""
+    with control.client("service", retry_for=10) as c:
+        c.report_retained("shop-pg", 3_250_585, "slot tailrace_orders")
+        assert c.get_pipeline("orders").state == pb.PIPELINE_RUNNING
+    code, out, _ = tailrace("pipelines")
+    assert code == 0 and "3.1MiB (slot tailrace_orders)" in out.splitlines()[1], out
+    code, out, _ = tailrace("checkpoints", "orders")
+    assert all("3.1MiB (slot tailrace_orders)" in line for line in out.splitlines()[1:]), out
+    code, out, _ = tailrace("--json", "pipelines")
+    (entry,) = json.loads(out)
+    assert (entry["retained_bytes"], entry["retained_what"]) == (3_250_585,
+                                                                 "slot tailrace_orders")
+    assert entry["retained_unix_ms"] > 0
 
 
 def test_schemas(tailrace):
