@@ -327,11 +327,18 @@ class ControlClient:
         self._call("report health", self._identities.ReportHealth, pb.HealthReport(
             subject_id=subject_id, state=HEALTH_STATES[state], reason=reason))
 
-    def report_retained(self, source_id: str, retained_bytes: int, what: str) -> None:
+    def report_retained(self, source_id: str, retained_bytes: int, what: str,
+                        max_retained: int | None = None) -> pb.ReportHealthResponse:
         """How much log the source's server keeps for it now, `what` holds it; the source's
-        reported state stays as it is."""
-        self._call("report retained log", self._identities.ReportHealth, pb.HealthReport(
-            subject_id=source_id, retained_bytes=retained_bytes, retained_what=what))
+        reported state stays as it is. Past `max_retained` the service detaches the laggiest
+        optional sink; the answer says what it did."""
+        report = pb.HealthReport(subject_id=source_id, retained_bytes=retained_bytes,
+                                 retained_what=what)
+        if max_retained is not None:
+            report.max_retained_bytes = max_retained
+        answer: pb.ReportHealthResponse = self._call(
+            "report retained log", self._identities.ReportHealth, report)
+        return answer
 
     def report_pipeline_health(self, pipeline: str, state: str, reason: str = "",
                                sinks: Sequence[pb.SinkHealth] = ()) -> None:
@@ -474,6 +481,12 @@ class ControlClient:
         elif to_sequence is not None:
             request.to_sequence = to_sequence
         return self._call("rewind", self._admin.Rewind, request)
+
+    def attach(self, pipeline: str, sink_id: str, confirm: str) -> pb.AttachResponse:
+        """A detached sink back from where the other sinks are (the pipeline must be paused);
+        `confirm` = `sink_id`."""
+        return self._call("attach", self._admin.Attach, pb.AttachRequest(
+            pipeline=pipeline, sink_id=sink_id, confirm=confirm))
 
     # audit
     def list_audit(self, role: str = "", pipeline: str = "", limit: int = 100

@@ -39,6 +39,9 @@ RETAINED_BYTES = _gauge("retained_bytes", "source log the server keeps for this 
                                           "PostgreSQL, WAL from the slot's confirmed position "
                                           "to the server's WAL end; MySQL/MariaDB, binlog "
                                           "bytes from the sinks' minimum checkpoint")
+RETAINED_OVER_LIMIT = _gauge("retained_over_limit",
+                             "1 while the source log kept is past source.max_retained and the "
+                             "control service could detach no sink (a required sink holds it)")
 
 _TABLE = (*_LABELS, "table")
 SNAPSHOT_ROWS = Counter("tailrace_capture_snapshot_rows_total",
@@ -68,6 +71,7 @@ class CaptureMetrics:
         self.reconnects = RECONNECTS.labels(*labels)
         self.lag_bytes = LAG_BYTES.labels(*labels)
         self.retained_bytes = RETAINED_BYTES.labels(*labels)
+        self.retained_over_limit = RETAINED_OVER_LIMIT.labels(*labels)
         self.labels = labels
         self.chunks_read_again = SNAPSHOT_CHUNKS_READ_AGAIN.labels(*labels)
 

@@ -5,7 +5,9 @@ WAL, binlogs after the checkpoint must stay. Every REPORT_S the source measures 
 (`measure`: PostgreSQL, WAL from the slot's confirmed position to the server's WAL end;
 MySQL/MariaDB, binlog bytes from the sinks' minimum checkpoint to the end of the last
 binlog) and the figure goes to the `tailrace_capture_retained_bytes` metric and to the
-control service (`tailrace pipelines`, `tailrace checkpoints`).
+control service (`tailrace pipelines`, `tailrace checkpoints`), with `source.max_retained`:
+past it the control service detaches the laggiest optional sink, so the next confirmation
+releases the log (control/retention.py); capture says what it was told.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ class RetainedLog:
     """A daemon thread for one capture session: measure, then report, every REPORT_S."""
 
     def __init__(self, control: ControlClient, source_id: str, metrics: CaptureMetrics,
-                 measure: Measure, every_s: float = REPORT_S) -> None:
+                 measure: Measure, max_retained: int | None = None,
+                 every_s: float = REPORT_S) -> None:
         self.control = control
+        self.max_retained = max_retained
         self.source_id = source_id
         self.metrics = metrics
         self.measure = measure
@@ -61,7 +65,8 @@ class RetainedLog:
             if found is None:
                 return
             self.metrics.retained_bytes.set(found[0])
-            self.control.report_retained(self.source_id, found[0], found[1])
+            answer = self.control.report_retained(self.source_id, found[0], found[1],
+                                                  self.max_retained)
         except Exception as e:  # noqa: BLE001 - best effort: the next round tries again
             if not self._failing:
                 log.warning("cannot measure or report the source log kept for this pipeline; "
@@ -70,3 +75,10 @@ class RetainedLog:
             return
         self._reported = True
         self._failing = False
+        for sink in answer.detached:
+            log.error("the control service detached an optional sink for holding the source "
+                      "log back; the log is released at the next confirmation",
+                      pipeline=sink.pipeline, sink=sink.sink_id, reason=sink.reason)
+        self.metrics.retained_over_limit.set(1 if answer.over_limit else 0)
+        if answer.over_limit:
+            log.error("source log past source.max_retained", reason=answer.over_limit)

@@ -182,7 +182,7 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
                              bus_lost=assembler.publisher.generation_opened)
                 self.lifecycle.streaming()
                 retained = RetainedLog(self.control, self.source.id, self.metrics,
-                                       self._binlogs_kept).start()
+                                       self._binlogs_kept, self.source.max_retained).start()
                 log.info("streaming", flavor=facts.flavor, server_id=facts.server_id,
                          resume_after=start.describe(),
                          replica_server_id=self.replica_server_id)

@@ -144,7 +144,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                     repl.start(self.slot, self.publication, 0, messages=True)
                     self.lifecycle.streaming()
                     retained = RetainedLog(self.control, self.source.id, self.metrics,
-                                           feedback.retained).start()
+                                           feedback.retained, self.source.max_retained).start()
                     log.info("streaming", slot=self.slot, system_id=system.system_id,
                              timeline=system.timeline, resume_after=lsn_to_str(resume.lsn))
                     assembler.run(merger.items(feed.items()),

@@ -23,8 +23,6 @@ from tailrace_services.cli import audit, snapshot
 from tailrace_services.cli.connect import add_credential_options, admin_client
 from tailrace_services.cli.output import print_json, print_table, short, when
 
-COMMANDS = ("pipelines", "checkpoints", "schemas", "drift", "dlq", "pause", "resume", "rewind",
-            "audit", "snapshot", "resnapshot")
 REASON_WIDTH = 240  # the last column: enough for a sink id, the error and its fix
 _POLICY = {pb.POLICY_REQUIRED: "required", pb.POLICY_ALL: "all", pb.POLICY_QUORUM: "quorum"}
 
@@ -77,6 +75,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     target.add_argument("--reset", action="store_true", help="back to the earliest position")
     p.add_argument("--confirm", default="", metavar="SINK",
                    help="repeat the sink id to confirm it receives again what it already has")
+    p = command("attach", "bring back a sink detached for holding the source log back (past "
+                          "source.max_retained); the pipeline must be paused")
+    p.add_argument("pipeline")
+    p.add_argument("sink")
+    p.add_argument("--confirm", default="", metavar="SINK",
+                   help="repeat the sink id to confirm it skips what it missed while detached "
+                        "(a snapshot brings that)")
     audit.add_command(command)
     snapshot.add_commands(command)
 
@@ -165,10 +170,10 @@ def _checkpoints(client: ControlClient, args: argparse.Namespace) -> int:
                          _bytes(s.lag_bytes) if s.HasField("lag_bytes") else "-",
                          s.lag_transactions if s.HasField("lag_transactions") else "-",
                          s.lag_seconds, when(cp.updated_unix_ms) if s.found else "-",
-                         _retained(a), _failing(s)])
+                         _retained(a), _detached(s), _failing(s)])
     print_table(["PIPELINE", "SINK", "REQUIRED", "POSITION", "TX_SEQ", "VERSION", "LAG_OFFSETS",
-                 "LAG_BYTES", "LAG_TX", "LAG_S", "UPDATED", "SOURCE_LOG_KEPT", "LAST_ERROR"], rows,
-                "no checkpoints")
+                 "LAG_BYTES", "LAG_TX", "LAG_S", "UPDATED", "SOURCE_LOG_KEPT", "DETACHED",
+                 "LAST_ERROR"], rows, "no checkpoints")
     return 0
 
 
@@ -186,6 +191,13 @@ def _bytes(n: int) -> str:
             break
         size /= 1024
     return f"{int(size)}B" if unit == "B" else f"{size:.1f}{unit}"
+
+
+def _detached(s: pb.SinkCheckpoint) -> str:
+    """`since <time>: <why>` for a sink detached for holding the source log back."""
+    if not s.HasField("detached"):
+        return "-"
+    return short(f"since {when(s.detached.ts_unix_ms)}: {s.detached.reason}", REASON_WIDTH)
 
 
 def _failing(s: pb.SinkCheckpoint) -> str:
@@ -260,6 +272,19 @@ def _resume(client: ControlClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _attach(client: ControlClient, args: argparse.Namespace) -> int:
+    r = client.attach(args.pipeline, args.sink, args.confirm)
+    if args.json:
+        print_json(r)
+    else:
+        print(f"sink {args.sink} of pipeline {args.pipeline} attached again at tx "
+              f"{r.checkpoint.position.tx_seq}{_native(r.checkpoint.position)} (detached at tx "
+              f"{r.was.checkpoint.position.tx_seq}: {r.was.reason}). It skips what it missed: "
+              f"resume (`tailrace resume {args.pipeline}`), then read its tables again "
+              f"(`tailrace snapshot {args.pipeline} --table ...`)")
+    return 0
+
+
 def _rewind(client: ControlClient, args: argparse.Namespace) -> int:
     r = client.rewind(args.pipeline, args.sink, args.confirm, to_sequence=args.to_sequence,
                       reset=args.reset)
@@ -278,5 +303,7 @@ def _rewind(client: ControlClient, args: argparse.Namespace) -> int:
 
 _COMMANDS = {"pipelines": _pipelines, "checkpoints": _checkpoints, "schemas": _schemas,
              "drift": _drift, "dlq": _dlq, "pause": _pause, "resume": _resume, "rewind": _rewind,
+             "attach": _attach,
              "audit": audit.run_audit, "snapshot": snapshot.run_snapshot,
              "resnapshot": snapshot.run_resnapshot}
+COMMANDS = tuple(_COMMANDS)  # the subcommands `run` answers

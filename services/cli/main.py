@@ -1,6 +1,6 @@
 """`tailrace`: run a pipeline locally (`up`), the end-to-end demo (`demo`), and the admin client
 for a running control service (`pipelines`, `checkpoints`, `schemas`, `drift`, `dlq`,
-`pause`, `resume`, `rewind`, `audit`)."""
+`pause`, `resume`, `rewind`, `attach`, `audit`)."""
 
 from __future__ import annotations
 

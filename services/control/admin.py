@@ -1,5 +1,6 @@
 """The admin API: pipelines and their state, pause/resume, checkpoints per sink with lag and
-last error, rewind/reset of a sink's checkpoint. Mutations need the admin token (see auth.py).
+last error, rewind/reset of a sink's checkpoint, a detached sink attached again (retention.py).
+Mutations need the admin token (see auth.py).
 
 Lag of a sink (lag.py): bus records, source seconds, and WAL bytes (PostgreSQL) or
 transactions (MySQL/MariaDB) between its checkpoint and the latest epoch.
@@ -20,6 +21,7 @@ from tailrace_services.control.checkpoints import CheckpointConflict, Checkpoint
 from tailrace_services.control.epochs import EpochStore
 from tailrace_services.control.lag import sink_lag
 from tailrace_services.control.pipelines import PipelineRegistry
+from tailrace_services.control.retention import holder
 from tailrace_services.control.status import (
     Aborted,
     FailedPrecondition,
@@ -52,7 +54,8 @@ def sink_checkpoints(pipelines: PipelineRegistry, checkpoints: CheckpointStore,
             lag_offsets=lag.offsets, lag_seconds=lag.seconds, lag_bytes=lag.bytes,
             lag_transactions=lag.transactions, last_error=health.last_error,
             failing_since_unix_ms=health.failing_since_unix_ms,
-            failed_batches=health.failed_batches))
+            failed_batches=health.failed_batches, detached=sink.detached if
+            sink.HasField("detached") else None))
     return out
 
 
@@ -136,6 +139,47 @@ class AdminServicer(rpc.AdminServicer):
                     before=describe(current), after="earliest" if target == "reset" else
                     describe(stored), rewind=stored.rewind)
         return pb.RewindResponse(before=current, after=stored)
+
+    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext
+               ) -> pb.AttachResponse:
+        """A detached sink (retention.py) back, from where the least advanced attached sink
+        is: it skips what it missed, which a snapshot then brings."""
+        require(request, "pipeline", "sink_id")
+        info = self._pipelines.must_get(request.pipeline)
+        detached = self._checkpoints.detached(info.source_id, request.sink_id)
+        if detached is None:
+            raise FailedPrecondition(f"sink {request.sink_id} of pipeline {info.name} is not "
+                                     "detached; `tailrace checkpoints` shows which are")
+        if request.confirm != request.sink_id:
+            raise FailedPrecondition(
+                f"sink {request.sink_id} skips what it missed while detached and needs a "
+                f"snapshot afterwards; confirm by repeating the sink id (--confirm "
+                f"{request.sink_id})")
+        if not self._pipelines.is_paused(info.name):
+            raise FailedPrecondition(f"pipeline {info.name} is running; pause it first "
+                                     f"(tailrace pause {info.name}), attach, then resume")
+        held = holder(info, self._checkpoints)
+        if held is None or held[1] is None:
+            raise FailedPrecondition(f"pipeline {info.name}: no attached sink has a checkpoint "
+                                     "yet to start it from; attach once they have")
+        current = self._checkpoints.get(info.source_id, request.sink_id)
+        new = pb.Checkpoint()
+        new.CopyFrom(held[1])
+        new.sink_id = request.sink_id
+        new.ClearField("sink_stored")
+        if current is not None:  # its own: what an exactly-once sink keeps beside its data
+            new.rewind = current.rewind
+            for p, pos in current.sink_stored.items():
+                new.sink_stored[p].CopyFrom(pos)
+        try:
+            stored = self._checkpoints.overwrite(new, current.version if current else 0)
+        except CheckpointConflict as e:
+            raise Aborted(str(e)) from None
+        self._checkpoints.attach(info.source_id, request.sink_id)
+        log.warning("detached sink attached again; it needs a snapshot for what it missed",
+                    pipeline=info.name, sink=request.sink_id, was=describe(current),
+                    now=describe(stored))
+        return pb.AttachResponse(was=detached, checkpoint=stored)
 
     def _epoch_at(self, source_id: str, tx_seq: int) -> pb.Epoch:
         history = self._epochs.history(source_id)

@@ -27,6 +27,10 @@ def checkpoint_key(source_id: str, sink_id: str) -> str:
     return f"{source_id}::sink::{sink_id}"
 
 
+def detached_key(source_id: str, sink_id: str) -> str:
+    return f"{source_id}::detached::{sink_id}"
+
+
 def describe(cp: pb.Checkpoint | None) -> str:
     if cp is None:
         return "none"
@@ -159,12 +163,26 @@ class CheckpointStore:
 
     def minimum(self, source_id: str, sink_ids: builtins.list[str]  # `list` is a method here
                 ) -> pb.Checkpoint | None:
-        """The least advanced of the given sinks; None if any has no checkpoint yet."""
-        cps = [self.get(source_id, s) for s in sink_ids]
+        """The least advanced of the given sinks that are not detached; None if any has no
+        checkpoint yet."""
+        cps = [self.get(source_id, s) for s in sink_ids if self.detached(source_id, s) is None]
         found = [cp for cp in cps if cp is not None]
         if not cps or len(found) < len(cps):
             return None
         return min(found, key=lambda cp: position_key(cp.position))
+
+
+    def detached(self, source_id: str, sink_id: str) -> pb.SinkDetached | None:
+        """Why the sink no longer holds the source's log back (retention.py), if it does not."""
+        found = self._storage.kv_get(detached_key(source_id, sink_id))
+        return pb.SinkDetached.FromString(found[0]) if found and found[0] else None
+
+    def detach(self, record: pb.SinkDetached) -> None:
+        self._storage.kv_put(detached_key(record.source_id, record.sink_id),
+                             record.SerializeToString())
+
+    def attach(self, source_id: str, sink_id: str) -> None:
+        self._storage.kv_put(detached_key(source_id, sink_id), b"")  # empty: attached
 
 
 def _stamped(cp: pb.Checkpoint, now_ms: int) -> pb.Checkpoint:

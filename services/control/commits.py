@@ -6,7 +6,8 @@ together, and only when the policy holds.
 2. Not satisfied: nothing advances; the answer says which sinks were missing.
 3. Satisfied: the checkpoints of the acknowledged sinks advance in ONE multi-key
    compare-and-set on the versions the caller read; a sink that failed keeps its
-   checkpoint and catches up by replay later.
+   checkpoint and catches up by replay later; a detached sink (retention.py) stays where
+   it was detached, acknowledged or not.
 4. A compare-and-set conflict (or a checkpoint that would move backwards) is answered
    with `conflict`: another delivery process owns the pipeline.
 5. A report from a delivery generation that is no longer the pipeline's owner (see
@@ -106,7 +107,8 @@ class CommitService:
                         errors={s.sink_id: redact(s.error) for s in request.sinks if s.error})
             return pb.ReportBatchResponse(satisfied=False, committed=False, reason=reason)
         items = [(self._checkpoint_of(request, s), s.expected_version)
-                 for s in request.sinks if s.acknowledged]
+                 for s in request.sinks if s.acknowledged and  # a detached sink stays put
+                 self._checkpoints.detached(request.source_id, s.sink_id) is None]
         if not items:
             BATCHES.labels(pipeline, "empty").inc()
             return pb.ReportBatchResponse(satisfied=True, committed=False,

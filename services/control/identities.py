@@ -8,6 +8,7 @@ and then calls `Store`. Reconcile records go to an append-only log.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -100,9 +101,15 @@ def _stamped(identity: pb.ServerIdentity) -> pb.ServerIdentity:
 
 
 class IdentitiesServicer(rpc.IdentitiesServicer):
-    def __init__(self, identities: IdentityStore, health: HealthStore) -> None:
+    """`retention`: judges a source's retained-log report against its limit (retention.py)
+    and answers what it did."""
+
+    def __init__(self, identities: IdentityStore, health: HealthStore,
+                 retention: Callable[[pb.HealthReport], pb.ReportHealthResponse] | None = None
+                 ) -> None:
         self._identities = identities
         self._health = health
+        self._retention = retention
 
     def Compare(self, request: pb.CompareIdentityRequest, context: grpc.ServicerContext
                 ) -> pb.CompareIdentityResponse:
@@ -135,7 +142,7 @@ class IdentitiesServicer(rpc.IdentitiesServicer):
             raise InvalidArgument("HealthReport.state is required: running, position_lost, "
                                   "failed, paused or degraded (or retained_bytes alone)")
         self._health.report(request)
-        return pb.ReportHealthResponse()
+        return self._retention(request) if self._retention else pb.ReportHealthResponse()
 
     def GetHealth(self, request: pb.GetHealthRequest, context: grpc.ServicerContext
                   ) -> pb.GetHealthResponse:

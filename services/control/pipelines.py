@@ -15,8 +15,10 @@ import time
 
 from tailrace.logs import get_logger, redact
 from tailrace.proto import control_pb2 as pb
+from tailrace_services.control.checkpoints import CheckpointStore
 from tailrace_services.control.health import HealthStore, describe
 from tailrace_services.control.owners import DeliveryOwners
+from tailrace_services.control.retention import over_limit, why_over
 from tailrace_services.control.status import InvalidArgument, NotFound, require
 from tailrace_services.control.storage import Storage
 
@@ -51,6 +53,7 @@ class PipelineRegistry:
         self._storage = storage
         self._health = health
         self._owners = DeliveryOwners(storage)
+        self._checkpoints = CheckpointStore(storage)
 
     def register(self, info: pb.PipelineInfo) -> pb.PipelineInfo:
         require(info, "name", "source_id")
@@ -114,6 +117,9 @@ class PipelineRegistry:
             sink.last_error = found.last_error
             sink.failing_since_unix_ms = found.failing_since_unix_ms
             sink.failed_batches = found.failed_batches
+            detached = self._checkpoints.detached(info.source_id, sink.id)
+            if detached is not None:
+                sink.detached.CopyFrom(detached)
         paused = self._pause(info.name)
         if paused is not None:
             info.state = pb.PIPELINE_PAUSED
@@ -130,8 +136,22 @@ class PipelineRegistry:
             if report is not None:
                 info.state, info.reason = pipeline_state, describe(report)
                 return info
+        retention = self._retention(info, source)
+        if retention:
+            info.state, info.reason = pb.PIPELINE_DEGRADED, retention
+            return info
         info.state, info.reason = pb.PIPELINE_RUNNING, failing_sinks(info)
         return info
+
+    def _retention(self, info: pb.PipelineInfo, source: pb.HealthReport | None) -> str:
+        """Degraded for the source's disk (retention.py): the log past its limit, or sinks
+        detached for it that wait for an operator."""
+        reasons = [why_over(info, source, self._checkpoints)] if source is not None and \
+            over_limit(source) else []
+        reasons += [f"sink {s.id} detached ({s.detached.reason}): it needs its tables again "
+                    f"(tailrace attach {info.name} {s.id}, then tailrace snapshot)"
+                    for s in info.sinks if s.HasField("detached")]
+        return "; ".join(reasons)
 
     def sink_health(self, name: str) -> dict[str, pb.SinkHealth]:
         """The sinks that failed their last batch, as the pipeline's delivery reported."""

@@ -53,7 +53,7 @@ ACCESS: dict[str, Access] = {
     # Replay hands out the entries an operator is about to re-deliver and acknowledge.
     **_service("tailrace.v1.DeadLetters", Append=S, Count=R, List=R, Replay=A, Ack=A, Purge=A),
     **_service("tailrace.v1.Admin", RegisterPipeline=S, ListPipelines=R, GetPipeline=R,
-               Pause=A, Resume=A, Checkpoints=R, Rewind=A),
+               Pause=A, Resume=A, Checkpoints=R, Rewind=A, Attach=A),
     **_service("tailrace.v1.Audit", List=A),
     **_service("tailrace.v1.Snapshots", Get=R, Update=S, Request=A, Cancel=A, Resnapshot=A),
     **_service("grpc.health.v1.Health", Check=Access.OPEN, Watch=Access.OPEN),

@@ -30,6 +30,7 @@ from tailrace_services.control.health import HealthStore
 from tailrace_services.control.identities import IdentitiesServicer, IdentityStore
 from tailrace_services.control.owners import DeliveryOwners
 from tailrace_services.control.pipelines import PipelineRegistry
+from tailrace_services.control.retention import RetentionGuard
 from tailrace_services.control.roles import RoleTableError, check_methods
 from tailrace_services.control.schemas import SchemaRegistry, SchemasServicer
 from tailrace_services.control.snapshots import SnapshotService, SnapshotsServicer, SnapshotStore
@@ -135,11 +136,14 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
     rpc.add_CommitsServicer_to_server(CommitsServicer(
         CommitService(checkpoints, DeliveryOwners(storage))), server)
     rpc.add_SchemasServicer_to_server(SchemasServicer(SchemaRegistry(storage)), server)
-    rpc.add_IdentitiesServicer_to_server(
-        IdentitiesServicer(IdentityStore(storage), health_store), server)
+    identities = IdentityStore(storage)
+    pipelines = PipelineRegistry(storage, health_store)
+    rpc.add_IdentitiesServicer_to_server(IdentitiesServicer(
+        identities, health_store, RetentionGuard(pipelines, checkpoints, identities).judge),
+        server)
     rpc.add_DeadLettersServicer_to_server(DeadLettersServicer(DeadLetterStore(storage)), server)
     rpc.add_AdminServicer_to_server(
-        AdminServicer(PipelineRegistry(storage, health_store), checkpoints, epochs), server)
+        AdminServicer(pipelines, checkpoints, epochs), server)
     rpc.add_AuditServicer_to_server(AuditServicer(audit), server)
     rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(SnapshotService(
         SnapshotStore(storage), PipelineRegistry(storage, health_store))), server)

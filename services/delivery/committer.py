@@ -61,11 +61,22 @@ class BatchCommitter:
         self._own_versions: dict[str, int] = {}  # what this process last committed, per sink
         self.generation = 0  # this instance's owner generation (0: not claimed, unchecked)
         self.last_committed: dict[str, pb.Checkpoint] = {}
+        self.detached: set[str] = set()  # sinks the control service detached (retention.py)
 
-    def read(self) -> dict[str, pb.Checkpoint | None]:
-        """Step 0: the checkpoints as stored; one moved by someone else since our last commit
-        means another delivery process runs this pipeline (a zombie one of us): fatal."""
-        current = {s: self.control.get_checkpoint(self.source_id, s) for s in self.sinks}
+    def read(self, detached: set[str] | frozenset[str] = frozenset()
+             ) -> dict[str, pb.Checkpoint | None]:
+        """Step 0: the checkpoints as stored, of the sinks the batch writes to (not the
+        `detached` ones: the control service detached them for holding the source's log
+        back); one moved by someone else since our last commit means another delivery
+        process runs this pipeline (a zombie one of us): fatal."""
+        for sink_id in sorted(detached - self.detached):
+            log.error("sink detached by the control service (it held the source log past "
+                      "source.max_retained); nothing more is written to it",
+                      pipeline=self.pipeline.name, sink=sink_id)
+            self._own_versions.pop(sink_id, None)  # an operator's attach moves it
+        self.detached = set(detached)
+        current = {s: self.control.get_checkpoint(self.source_id, s) for s in self.sinks
+                   if s not in detached}
         for sink_id, version in self._own_versions.items():
             cp = current.get(sink_id)
             if cp is None or cp.version != version:
@@ -163,8 +174,8 @@ class BatchCommitter:
         """Steps 2 and 3."""
         outcomes = []
         start = self._generation_start(before, rows)
-        for sink_id, spec in self.sinks.items():
-            old = before.get(sink_id)
+        for sink_id, old in before.items():  # the sinks the batch was written to
+            spec = self.sinks[sink_id]
             outcomes.append(pb.SinkOutcome(
                 sink_id=sink_id, required=spec.required,
                 acknowledged=report.acked.get(sink_id, True),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -36,9 +36,12 @@ _SINKS: dict[tuple[str, str], Sink] = {}
 _CHAINS: dict[str, ProcessorChain] = {}
 
 
-def _sinks(pipeline: PipelineSpec) -> list[Sink]:
+def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
+    """The sinks of the batch: those the driver handed a checkpoint for (a detached sink
+    gets none)."""
     out = []
-    for spec in pipeline.spec.sinks:
+    wanted = set(only)
+    for spec in [s for s in pipeline.spec.sinks if s.id in wanted]:
         key = (pipeline.name, spec.id)
         if key not in _SINKS:
             _SINKS[key] = build_sink(spec, pipeline=pipeline.name)  # opened by the fan-out
@@ -103,7 +106,7 @@ def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | No
     read_ms = (time.monotonic() - started) * 1000
     try:
         result = deliver_slice(
-            partition, records, _sinks(pipeline),
+            partition, records, _sinks(pipeline, checkpoints),
             {k: (cp.position if cp is not None else None) for k, cp in checkpoints.items()},
             pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
             processors=_chain(pipeline), journal=spec.journal.enabled,

@@ -152,7 +152,7 @@ class DeliveryJob:
         if info.state == pb.PIPELINE_PAUSED:
             self.restart_reason = "paused"
             return
-        before = self.committer.read()
+        before = self.committer.read({s.id for s in info.sinks if s.HasField("detached")})
         checkpoints = {k: (v.SerializeToString() if v is not None else None)
                        for k, v in before.items()}
         rows = df.mapInArrow(make_deliver_fn(self.pipeline, checkpoints),

@@ -48,7 +48,7 @@ def test_what_each_role_may_do():
     assert ACCESS["/tailrace.v1.Commits/ClaimDelivery"] == Access.SERVICE
     assert ACCESS["/tailrace.v1.Identities/Compare"] == Access.SERVICE, "it stores a first identity"
     assert {m.rsplit("/", 1)[1] for m, a in ACCESS.items() if a == Access.ADMIN} == {
-        "Pause", "Resume", "Rewind", "Replay", "Ack", "Purge", "List", "Request", "Cancel",
+        "Pause", "Resume", "Rewind", "Attach", "Replay", "Ack", "Purge", "List", "Request", "Cancel",
         "Resnapshot"}
     assert ACCESS["/tailrace.v1.Audit/List"] == Access.ADMIN
     assert not audited("/tailrace.v1.Audit/List"), "reading the audit log is not a change"

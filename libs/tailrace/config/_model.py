@@ -204,6 +204,11 @@ class _SourceBase(_Spec):
     # a binlog transaction of other tables (a restart does not need binlogs the server may
     # have purged since; capture_mysql/events.py)
     heartbeat_ms: Annotated[int, Field(ge=0)] = 0
+    # the most source log (bytes: 50GiB, 500MiB) the server may keep for this pipeline;
+    # past it the control service detaches the laggiest optional sink (required: false) so
+    # the log is released, and says so (a required sink is never detached: the pipeline is
+    # degraded instead). Measured every 10 s (capture/retained.py). None: no limit
+    max_retained: Annotated[int, BeforeValidator(parse_size), Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _key_columns_selected(self) -> Self:
