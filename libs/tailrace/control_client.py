@@ -167,6 +167,8 @@ class ControlClient:
         self._admin = rpc.AdminStub(self._channel)
         self._audit = rpc.AuditStub(self._channel)
         self._snapshots = rpc.SnapshotsStub(self._channel)
+        self._leases = rpc.LeasesStub(self._channel)
+        self.capture_generation = 0  # stamped on recorded epochs: the lease that fences them
         self._timeout = timeout
         self._retry_for = retry_for
 
@@ -233,7 +235,24 @@ class ControlClient:
 
     # epochs
     def record_epoch(self, epoch: pb.Epoch) -> None:
+        """Record it, stamped with this capture's lease generation (`capture_generation`) so
+        that the service refuses it once another instance took the lease."""
+        if self.capture_generation and not epoch.capture_generation:
+            epoch.capture_generation = self.capture_generation
         self._call("record epoch", self._epochs.Record, epoch)
+
+    # leases
+    def acquire_lease(self, name: str, owner: str, ttl_s: float, take_over_from: str = ""
+                      ) -> pb.Lease:
+        """Hold (or renew) `name` for `ttl_s`; the answer says who holds it (`held`: we do)."""
+        lease: pb.Lease = self._call("acquire lease", self._leases.Acquire, pb.LeaseRequest(
+            name=name, owner=owner, ttl_ms=int(ttl_s * 1000), take_over_from=take_over_from))
+        return lease
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        r = self._call("release lease", self._leases.Release,
+                       pb.ReleaseLeaseRequest(name=name, owner=owner))
+        return bool(r.released)
 
     def latest_epoch(self, source_id: str) -> pb.Epoch | None:
         r = self._call("latest epoch", self._epochs.Latest,

@@ -42,6 +42,7 @@ from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace.retry import Backoff
+from tailrace_services.capture.lease import CaptureLease
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.resume import ResumeRule
 from tailrace_services.capture.snapshot.progress import SnapshotProgress
@@ -100,6 +101,9 @@ class CaptureLifecycle:
         # say why) rather than raise; the entry point sets it when it serves /health
         self.wait_for_resnapshot = False
         self.can_resnapshot = False  # the source takes a server as it is now (`accept`)
+        # a failure that only says this instance lost its capture lease (lease.py): not the
+        # source's health, which the instance holding the lease reports now
+        self.fenced: Callable[[str], bool] = lambda reason: False
 
     def stop(self) -> None:
         if not self.stopping:
@@ -201,10 +205,17 @@ class CaptureLifecycle:
         self.health = (False, reason)
         self.ready = False
         log.error("capture stopped", state=state, reason=reason)
+        if self.fenced(reason):
+            return
         try:
             self.control.report_health(self.source_id, state, reason)
         except (RetryableError, NonRetryableError) as e:
             log.warning("cannot report health to the control service", error=str(e))
+
+    def standby(self, reason: str) -> None:
+        """Another instance captures the source (lease.py): healthy, not ready."""
+        self.health = (True, reason)
+        self.ready = False
 
     def _reconnect(self, error: Exception, message: str, link: str = "") -> None:
         if self.metrics is not None:
@@ -247,6 +258,7 @@ class CaptureService(ABC, Generic[S]):
         self.lifecycle = CaptureLifecycle(pipeline, control,
                                           type(self).session_errors(pipeline.spec.source.id),
                                           Backoff(*self.backoff_s), self.metrics)
+        self.lease: CaptureLease | None = None  # one active instance per source (lease.py)
 
     @property
     def health(self) -> tuple[bool, str]:
@@ -268,8 +280,30 @@ class CaptureService(ABC, Generic[S]):
         self.lifecycle.stop()
 
     def run(self) -> None:
-        """Run until stopped; transient failures reconnect with backoff, fatal ones raise."""
-        self.lifecycle.run(self._session)
+        """Run until stopped; transient failures reconnect with backoff, fatal ones raise.
+        With a lease (`lease.py`, set by the entry point): wait as a standby until this
+        instance holds it, and go back to waiting if another instance takes it over."""
+        while True:
+            lease = self.lease
+            if lease is not None:
+                lease.on_lost = lambda reason: self.lifecycle.stop()
+                self.lifecycle.fenced = lease.fenced
+                if not lease.wait(lambda: self.lifecycle.stopping, self.lifecycle.standby):
+                    return
+            try:
+                self.lifecycle.run(self._session)
+            except FatalError as e:
+                if lease is None or not lease.fenced(str(e)):
+                    raise
+            finally:
+                if lease is not None:
+                    lease.release()
+            if lease is None or not lease.lost:
+                return
+            log.warning("this instance lost the capture lease; back to standby",
+                        reason=lease.lost)
+            self.lifecycle.stopping = False
+            self.lease = CaptureLease(self.control, lease.source_id, lease.ttl_s)
 
     @abstractmethod
     def _session(self) -> None:

@@ -20,6 +20,7 @@ from tailrace.control_access import service_client
 from tailrace.errors import ConfigError, FatalError
 from tailrace.events._wire import ACCELERATED
 from tailrace.logs import add_log_options, get_logger, setup_logging
+from tailrace_services.capture.lease import DEFAULT_TTL_S, CaptureLease
 
 if TYPE_CHECKING:
     from tailrace_services.capture.lifecycle import CaptureService
@@ -33,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve /health, /ready, /metrics on this port (0 = any free port)")
     parser.add_argument("--exit-on-fatal", action="store_true",
                         help="exit at once on a fatal error instead of serving 503 on /health")
+    parser.add_argument("--lease-ttl-s", type=float, default=DEFAULT_TTL_S,
+                        help="one active capture per source: hold its lease in the control "
+                             "service this long between renewals; other instances wait as "
+                             "standbys and take over when it lapses (0: no lease, for a "
+                             "single instance). Default %(default)s")
     add_log_options(parser)
     args = parser.parse_args(argv)
     setup_logging("capture", args.log_level, fmt=args.log_format)
@@ -62,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
+    if args.lease_ttl_s < 0:
+        print("tailrace-capture: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
+        return 2
+    if args.lease_ttl_s:
+        capture.lease = CaptureLease(control, spec.spec.source.id, args.lease_ttl_s)
     stopped = threading.Event()
 
     def on_signal(*_: object) -> None:

@@ -29,6 +29,7 @@ import psycopg
 
 from tailrace.config import PipelineSpec, PostgresSourceSpec
 from tailrace.control_client import ControlClient
+from tailrace.errors import FatalError
 from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
@@ -141,6 +142,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                     # before anything of this session is published
                     worker.start(resnapshot=accept,
                                  bus_lost=assembler.publisher.generation_opened)
+                    self._take_slot()
                     repl.start(self.slot, self.publication, 0, messages=True)
                     self.lifecycle.streaming()
                     retained = RetainedLog(self.control, self.source.id, self.metrics,
@@ -156,6 +158,22 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 heartbeat.close()
                 watcher.close()
                 keys.close()
+
+    def _take_slot(self) -> None:
+        """Holding the capture lease (lease.py), end a session of another instance still
+        streaming from the slot: one that lost the lease (paused, cut off) keeps the slot
+        active until the server notices, which would keep this one from starting."""
+        if self.lease is None:
+            return
+        if not self.lease.confirm():
+            raise FatalError(self.lease.lost)  # back to standby (CaptureService.run)
+        with connect(self.dsn) as conn:
+            row = conn.execute("SELECT active_pid FROM pg_replication_slots "
+                               "WHERE slot_name = %s AND active", (self.slot,)).fetchone()
+            if row is not None:
+                log.warning("the slot is streamed by a session of an instance that lost the "
+                            "capture lease; ending it", slot=self.slot, pid=row[0])
+                conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
 
     def _snapshot_worker(self, merger: SnapshotMerger, progress: SnapshotProgress,
                          database: str, tables: list[tuple[str, str]]) -> SnapshotWorker:

@@ -13,6 +13,7 @@ from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace.proto.event_pb2 import Position
+from tailrace_services.control.leases import capture_lease
 from tailrace_services.control.status import FailedPrecondition, require
 from tailrace_services.control.storage import Storage
 
@@ -46,6 +47,7 @@ class EpochStore:
         epoch's marker gone from the bus opens the next generation, which is accepted;
         an epoch of an older generation than the stored one is refused."""
         latest = self.latest(epoch.source_id)
+        self._refuse_fenced(epoch, latest)
         if latest is not None and epoch.bus_generation < latest.bus_generation:
             raise FailedPrecondition(
                 f"epoch {epoch.epoch_id} of source {epoch.source_id} is of bus generation "
@@ -77,6 +79,25 @@ class EpochStore:
         seq = self._storage.log_append(_history(epoch.source_id), epoch.SerializeToString())
         if seq > HISTORY and seq % 1000 == 0:
             self._storage.log_truncate(_history(epoch.source_id), seq - HISTORY)
+
+    def _refuse_fenced(self, epoch: pb.Epoch, latest: pb.Epoch | None) -> None:
+        """An epoch of a capture that lost its lease (leases.py): another instance holds it
+        now, or has recorded epochs since."""
+        if not epoch.capture_generation:
+            return  # not stamped: a capture without a lease (tests that record by hand)
+        lease = self._storage.slot_get(capture_lease(epoch.source_id))
+        newer = lease.generation if lease is not None and \
+            lease.generation != epoch.capture_generation else 0
+        if latest is not None and latest.capture_generation > epoch.capture_generation:
+            newer = max(newer, latest.capture_generation)
+        if newer:
+            holder = f" ({lease.owner})" if lease is not None else ""
+            raise FailedPrecondition(
+                f"epoch {epoch.epoch_id} of source {epoch.source_id}: capture lease generation "
+                f"{epoch.capture_generation} is fenced; generation {newer}{holder} captures "
+                "this source now. This instance lost its lease (it was paused or cut off from "
+                "the control service longer than its TTL): it stops, and may start again as "
+                "a standby")
 
     def highest(self, source_id: str) -> Position | None:
         """The furthest position any recorded epoch reached: after the bus lost its records

@@ -55,6 +55,7 @@ ACCESS: dict[str, Access] = {
     **_service("tailrace.v1.Admin", RegisterPipeline=S, ListPipelines=R, GetPipeline=R,
                Pause=A, Resume=A, Checkpoints=R, Rewind=A, Attach=A),
     **_service("tailrace.v1.Audit", List=A),
+    **_service("tailrace.v1.Leases", Acquire=S, Release=S),
     **_service("tailrace.v1.Snapshots", Get=R, Update=S, Request=A, Cancel=A, Resnapshot=A),
     **_service("grpc.health.v1.Health", Check=Access.OPEN, Watch=Access.OPEN),
     **_service("grpc.reflection.v1alpha.ServerReflection", ServerReflectionInfo=R),

@@ -28,6 +28,7 @@ from tailrace_services.control.dlq import DeadLettersServicer, DeadLetterStore
 from tailrace_services.control.epochs import EpochsServicer, EpochStore
 from tailrace_services.control.health import HealthStore
 from tailrace_services.control.identities import IdentitiesServicer, IdentityStore
+from tailrace_services.control.leases import LeasesServicer, LeaseStore
 from tailrace_services.control.owners import DeliveryOwners
 from tailrace_services.control.pipelines import PipelineRegistry
 from tailrace_services.control.retention import RetentionGuard
@@ -38,7 +39,7 @@ from tailrace_services.control.status import RefusalInterceptor
 from tailrace_services.control.storage import Storage
 
 SERVICES = ("Checkpoints", "Epochs", "Commits", "Schemas", "Identities", "DeadLetters", "Admin",
-            "Audit", "Snapshots")
+            "Audit", "Snapshots", "Leases")
 log = get_logger(__name__)
 
 
@@ -145,6 +146,7 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
     rpc.add_AdminServicer_to_server(
         AdminServicer(pipelines, checkpoints, epochs), server)
     rpc.add_AuditServicer_to_server(AuditServicer(audit), server)
+    rpc.add_LeasesServicer_to_server(LeasesServicer(LeaseStore(storage)), server)
     rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(SnapshotService(
         SnapshotStore(storage), PipelineRegistry(storage, health_store))), server)
 
