@@ -37,12 +37,12 @@ from tailrace.errors import (
     PositionLostError,
     RetryableError,
 )
+from tailrace.lease import Lease
 from tailrace.links import LINKS
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto.control_pb2 import ServerIdentity
 from tailrace.retry import Backoff
-from tailrace_services.capture.lease import CaptureLease
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.resume import ResumeRule
 from tailrace_services.capture.snapshot.progress import SnapshotProgress
@@ -101,7 +101,7 @@ class CaptureLifecycle:
         # say why) rather than raise; the entry point sets it when it serves /health
         self.wait_for_resnapshot = False
         self.can_resnapshot = False  # the source takes a server as it is now (`accept`)
-        # a failure that only says this instance lost its capture lease (lease.py): not the
+        # a failure that only says this instance lost its capture lease (`tailrace.lease`): not the
         # source's health, which the instance holding the lease reports now
         self.fenced: Callable[[str], bool] = lambda reason: False
 
@@ -213,7 +213,7 @@ class CaptureLifecycle:
             log.warning("cannot report health to the control service", error=str(e))
 
     def standby(self, reason: str) -> None:
-        """Another instance captures the source (lease.py): healthy, not ready."""
+        """Another instance captures the source (`tailrace.lease`): healthy, not ready."""
         self.health = (True, reason)
         self.ready = False
 
@@ -258,7 +258,7 @@ class CaptureService(ABC, Generic[S]):
         self.lifecycle = CaptureLifecycle(pipeline, control,
                                           type(self).session_errors(pipeline.spec.source.id),
                                           Backoff(*self.backoff_s), self.metrics)
-        self.lease: CaptureLease | None = None  # one active instance per source (lease.py)
+        self.lease: Lease | None = None  # one active instance per source (`tailrace.lease`)
 
     @property
     def health(self) -> tuple[bool, str]:
@@ -290,6 +290,7 @@ class CaptureService(ABC, Generic[S]):
                 self.lifecycle.fenced = lease.fenced
                 if not lease.wait(lambda: self.lifecycle.stopping, self.lifecycle.standby):
                     return
+                self.control.capture_generation = lease.generation  # fences its epochs
             try:
                 self.lifecycle.run(self._session)
             except FatalError as e:
@@ -303,7 +304,7 @@ class CaptureService(ABC, Generic[S]):
             log.warning("this instance lost the capture lease; back to standby",
                         reason=lease.lost)
             self.lifecycle.stopping = False
-            self.lease = CaptureLease(self.control, lease.source_id, lease.ttl_s)
+            self.lease = Lease(self.control, "capture", lease.subject, lease.ttl_s)
 
     @abstractmethod
     def _session(self) -> None:

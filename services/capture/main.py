@@ -19,8 +19,8 @@ from tailrace.config import load_pipeline
 from tailrace.control_access import service_client
 from tailrace.errors import ConfigError, FatalError
 from tailrace.events._wire import ACCELERATED
+from tailrace.lease import DEFAULT_TTL_S, Lease
 from tailrace.logs import add_log_options, get_logger, setup_logging
-from tailrace_services.capture.lease import DEFAULT_TTL_S, CaptureLease
 
 if TYPE_CHECKING:
     from tailrace_services.capture.lifecycle import CaptureService
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tailrace-capture: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
         return 2
     if args.lease_ttl_s:
-        capture.lease = CaptureLease(control, spec.spec.source.id, args.lease_ttl_s)
+        capture.lease = Lease(control, "capture", spec.spec.source.id, args.lease_ttl_s)
     stopped = threading.Event()
 
     def on_signal(*_: object) -> None:

@@ -160,7 +160,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 keys.close()
 
     def _take_slot(self) -> None:
-        """Holding the capture lease (lease.py), end a session of another instance still
+        """Holding the capture lease (`tailrace.lease`), end a session of another instance still
         streaming from the slot: one that lost the lease (paused, cut off) keeps the slot
         active until the server notices, which would keep this one from starting."""
         if self.lease is None:

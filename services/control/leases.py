@@ -1,10 +1,12 @@
-"""Leases: one active capture per source (issue 17 item 3), on the storage's Slot primitive.
+"""Leases: one active capture per source and one active delivery per pipeline (issue 17
+items 3, 4), on the storage's Slot primitive.
 
-A capture instance holds `capture::<source_id>` for a TTL and renews it; another instance
-of the same source waits (standby) and takes it once it expires. Each new holder gets the
-next generation, and capture stamps it on every epoch it records: `EpochStore.record`
+An instance holds `capture::<source_id>` (`delivery::<pipeline>`) for a TTL and renews it;
+another instance waits (standby) and takes it once it expires. Each new holder gets the
+next generation; capture stamps it on every epoch it records and `EpochStore.record`
 refuses an epoch of an older generation, so a former holder that lost its lease (paused,
-cut off) cannot publish another epoch however long it takes to notice.
+cut off) cannot publish another epoch however long it takes to notice. (Delivery is fenced
+by its owner generation: `owners.py`.)
 
 `take_over_from`: a standby on the same host as the holder, that finds the holder's
 process gone (kill -9), takes the lease at once instead of waiting for the TTL.
@@ -24,7 +26,7 @@ from tailrace_services.control.storage import SlotLease, Storage
 
 log = get_logger(__name__)
 
-_NAME = re.compile(r"^capture::[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"^(capture|delivery)::[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_TTL_MS = 600_000
 
 
@@ -50,7 +52,8 @@ class LeaseStore:
     def acquire(self, request: pb.LeaseRequest) -> pb.Lease:
         require(request, "name", "owner", "ttl_ms")
         if not _NAME.match(request.name):
-            raise InvalidArgument(f"lease name {request.name!r}: use capture::<source_id>")
+            raise InvalidArgument(f"lease name {request.name!r}: use capture::<source_id> or "
+                                  "delivery::<pipeline>")
         if request.ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(f"lease ttl_ms {request.ttl_ms} is above {MAX_TTL_MS}")
         held = self._storage.slot_get(request.name)

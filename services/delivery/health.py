@@ -77,6 +77,7 @@ class PipelineHealth:
         self._last_error = ""
         self._failure = ""  # why the last batch cannot succeed as things are (non-retryable)
         self._fatal = ""
+        self._standby = ""  # who delivers the pipeline while this instance waits
         self._sinks: dict[str, SinkStatus] = {}
         self._sent: State | None = None
         self._lock = threading.Lock()
@@ -147,9 +148,17 @@ class PipelineHealth:
             return Health(True, "ok")
         return Health(False, now.reason, "degraded" if now.state == "degraded" else "unhealthy")
 
+    def standby(self, reason: str) -> None:
+        """Another instance delivers the pipeline (`tailrace.lease`): not ready, saying who;
+        "" once this one holds the lease."""
+        self._standby = reason
+
     def readiness(self) -> tuple[bool, str]:
-        """For `/ready`: not while a sink fails its batches or a link the driver's own calls
-        find cut (`tailrace.links`: the control service, the bus: `buswatch.py`), naming them."""
+        """For `/ready`: not while a standby, a sink fails its batches or a link the driver's
+        own calls find cut (`tailrace.links`: the control service, the bus: `buswatch.py`),
+        naming them."""
+        if self._standby:
+            return False, self._standby
         why = [f"sink {s.sink_id} failed {s.batches} batch{'es' if s.batches > 1 else ''} "
                f"in a row: {s.error}" for s in self.current.sinks]
         if broken := LINKS.reason():

@@ -1,7 +1,8 @@
 """The Spark job: plan batches from epochs, deliver on executors, then commit checkpoints.
 
-At start the job claims the pipeline in the control service (the newest delivery
-instance owns it; an older one is fenced and stops). Per micro-batch (`foreachBatch`),
+At start the job waits until it holds the pipeline's delivery lease (`tailrace.lease`: other
+instances are standbys), then claims the pipeline in the control service (the newest claim
+owns it; an older instance is fenced and stops). Per micro-batch (`foreachBatch`),
 in this order:
 0. check this instance still owns the pipeline and it is not paused;
 1. read every sink's checkpoint (position + version) from the control service;
@@ -55,6 +56,7 @@ from tailrace.config import PipelineSpec
 from tailrace.control_access import service_client
 from tailrace.control_client import ControlClient
 from tailrace.errors import ConfigError, FatalError, FencedError, TailraceError
+from tailrace.lease import Lease
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
@@ -258,14 +260,29 @@ class DeliveryJob:
 def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | None = None,
         stop_when: Callable[[], bool] | None = None,
         on_batch: Callable[[BatchReport, float], None] | None = None,
-        health: PipelineHealth | None = None) -> None:
+        health: PipelineHealth | None = None, lease_ttl_s: float = 0.0,
+        take_over: bool = False) -> None:
     """Run the streaming query until it fails fatally (raises) or the process is stopped.
     `on_batch(report, seconds)` runs on the driver after every batch (benchmarks, embedding);
-    `health` is kept up to date for the caller's `/health`."""
+    `health` is kept up to date for the caller's `/health`. `lease_ttl_s`: wait as a standby
+    until this instance holds the pipeline's delivery lease (`tailrace.lease`), or with
+    `take_over` take it from the instance that holds it; 0: claim at once (newest wins)."""
     control = service_client(pipeline.spec.control)
     job = DeliveryJob(pipeline, control, on_batch, health)
     health = job.health
+    deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
+    lease = Lease(control, "delivery", pipeline.name, lease_ttl_s) if lease_ttl_s else None
+
+    def should_stop() -> bool:
+        return (stop_when is not None and stop_when()) or (
+            deadline is not None and time.monotonic() >= deadline) or (
+            lease is not None and bool(lease.lost))
+
     control.register_pipeline(pipeline)
+    if lease is not None:
+        if not lease.wait(should_stop, health.standby, take_over=take_over):
+            return
+        health.standby("")
     claim = control.claim_delivery(pipeline.name, f"{socket.gethostname()}:{os.getpid()}")
     job.committer.generation = claim.owner.generation
     if claim.previous.generation:
@@ -275,17 +292,16 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
         log.info("delivery owns the pipeline", generation=claim.owner.generation)
     job.publish_health()  # the new owner starts running: what an older instance said is past
     spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master)
-    deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
-
-    def should_stop() -> bool:
-        return (stop_when is not None and stop_when()) or (
-            deadline is not None and time.monotonic() >= deadline)
-
     watch = BusWatch(pipeline).start()  # `/ready` names a cut bus (the workers read it)
     try:
         _queries(job, spark, master, should_stop)
     finally:
         watch.stop()
+        if lease is not None:
+            lease.release()
+    if lease is not None and lease.lost:
+        raise FencedError(f"{lease.lost}; this instance stops (started again, it waits as a "
+                          "standby)")
 
 
 def stop_spark() -> None:

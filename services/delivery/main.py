@@ -15,8 +15,10 @@ found while the pipeline runs (on the driver or on an executor: a librdkafka set
 client refuses, a sink's TLS file that cannot be read) is fatal the same way, never
 restarted, with exit code 2. One found before the pipeline starts (the spec itself, an
 unreadable control.token_file, TLS that does not fit the control service's) exits at
-once with code 2. A newer delivery instance for the same pipeline fences this one: it
-exits at once with code 1 and says who took over.
+once with code 2. One instance delivers a pipeline at a time: others wait as standbys
+(`/ready` 503 naming the active one) until its lease lapses (`--lease-ttl-s`), or at once
+when its process is gone from this host. An instance that lost its lease, or that another
+fenced (`--take-over`), exits at once with code 1 and says who took over.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 
 from tailrace.config import load_pipeline
 from tailrace.errors import ConfigError, FatalError, FencedError, NonRetryableError
+from tailrace.lease import DEFAULT_TTL_S
 from tailrace.logs import add_log_options, get_logger, setup_logging
 
 
@@ -43,9 +46,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve /health, /ready, /metrics on this port (0 = any free port)")
     parser.add_argument("--exit-on-fatal", action="store_true",
                         help="exit at once on a fatal error instead of serving 503 on /health")
+    parser.add_argument("--lease-ttl-s", type=float, default=DEFAULT_TTL_S,
+                        help="one active delivery per pipeline: hold its lease in the control "
+                             "service this long between renewals; other instances wait as "
+                             "standbys and take over when it lapses (0: no lease, the newest "
+                             "instance fences the older at once). Default %(default)s")
+    parser.add_argument("--take-over", action="store_true",
+                        help="take the pipeline from the instance that delivers it now, without "
+                             "waiting for its lease to lapse (it is fenced and stops)")
     add_log_options(parser)
     args = parser.parse_args(argv)
     setup_logging("delivery", args.log_level, fmt=args.log_format)
+    if args.lease_ttl_s < 0:
+        print("tailrace-delivery: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
+        return 2
     log = get_logger()
     try:
         spec = load_pipeline(args.pipeline)
@@ -84,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:
         ready.set()
-        run(spec, master=args.master, stop_when=stopped.is_set, health=health)
+        run(spec, master=args.master, stop_when=stopped.is_set, health=health,
+            lease_ttl_s=args.lease_ttl_s, take_over=args.take_over)
     except FencedError as e:  # the new owner carries on; serving 503 would only mislead
         log.error("delivery fenced; stopping", reason=str(e))
         return 1

@@ -1,9 +1,11 @@
-"""A second delivery instance on the same pipeline fences the first, end to end.
+"""A second delivery instance told to take the pipeline over (`--take-over`) fences the
+first, end to end.
 
 Real processes: control, capture-postgres, and two `tailrace-delivery` jobs writing to
-Kafka with `exactly_once: true`. The second claims the pipeline while the first is
+Kafka with `exactly_once: true`. The second takes the pipeline while the first is
 delivering a stream of changes; the first must stop with a fatal error naming the new
 owner, and a read_committed consumer must see every change once, per key in order.
+(Without `--take-over` the second waits as a standby: tests/chaos/test_standby_delivery.py.)
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ TX, ROWS_PER_TX = 80, 50
 
 
 @pytest.mark.matrix(
-    scenario="a second delivery instance started for the same pipeline (Kafka exactly-once sink)",
-    guarantee="one delivery instance per pipeline: the newest claim fences the older, which stops; nothing "
-              "duplicated, per-key order")
+    scenario="a second delivery instance started with --take-over for the same pipeline (Kafka "
+             "exactly-once sink)",
+    guarantee="one delivery instance per pipeline: the explicit take-over fences the older, which stops; "
+              "nothing duplicated, per-key order")
 def test_a_second_delivery_instance_fences_the_first(
         counted: Any, pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -54,14 +57,15 @@ def test_a_second_delivery_instance_fences_the_first(
     writer.start()
     pipeline.wait_for(lambda: pipeline.log_count("delivery", "batch delivered") > 3, 120,
                       "the first instance delivering the stream")
-    pipeline.start("delivery2")
+    pipeline.start("delivery2", "--take-over")
     first_exit = pipeline.exit_code("delivery", timeout=240)
     second_pid = pipeline.procs["delivery2"].process.pid  # type: ignore[union-attr]
     first_log = pipeline.log_tail("delivery", 30)
     print(f"\nfirst instance exited with {first_exit}:\n{first_log[-1500:]}")
     assert first_exit == 1, "the fenced instance stops with a fatal error"
     assert "delivery fenced; stopping" in first_log
-    assert f":{second_pid} (generation 2)" in first_log, "the reason names the new owner"
+    assert f":{second_pid}" in first_log and "(generation 2)" in first_log, \
+        "the reason names the new owner"
     pipeline.wait_for(lambda: pipeline.log_count("delivery2", "batch delivered") > 0, 240,
                       "the second instance delivering")
     assert "took over the pipeline" in pipeline.log_tail("delivery2", 200)

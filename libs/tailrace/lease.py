@@ -1,12 +1,13 @@
-"""One active capture per source (issue 17 item 3): a lease in the control service.
+"""One active instance: a lease in the control service (issue 17 items 3 and 4).
 
-Before its first session a capture instance acquires `capture::<source_id>`. While another
+Capture holds `capture::<source_id>`, delivery `delivery::<pipeline>`. While another
 instance holds it this one is a standby: healthy, not ready (`/ready` says who holds it),
-asking again every TTL/3. Once it holds the lease it renews it every TTL/3 from a thread and
-stamps the lease's generation on every epoch it records (`ControlClient.capture_generation`):
-the control service refuses an epoch of a generation that lost the lease, so an instance
-paused or cut off longer than the TTL is fenced at its next epoch, before its own renewal
-can tell it. A renewal that finds another holder stops the capture (exit 1).
+asking again every TTL/3. Once it holds the lease it renews it every TTL/3 from a thread.
+What fences an instance that lost it (paused or cut off longer than the TTL) before its
+own renewal can tell it is the service's: capture stamps the lease's generation on every
+epoch it records (`ControlClient.capture_generation`, refused once older), delivery's
+commits carry its owner generation (`owners.py`). A renewal that finds another holder
+calls `on_lost`.
 
 A standby on the same host as the holder takes the lease at once when the holder's process
 is gone (a kill -9), instead of waiting out its TTL; a clean stop releases it.
@@ -27,7 +28,7 @@ from tailrace.errors import NonRetryableError, RetryableError
 from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 
-__all__ = ["DEFAULT_TTL_S", "CaptureLease", "instance_name"]
+__all__ = ["DEFAULT_TTL_S", "Lease", "instance_name", "process_gone"]
 
 log = get_logger(__name__)
 
@@ -56,25 +57,29 @@ def process_gone(owner: str) -> bool:
     return stat.rpartition(")")[2].split()[0] == "Z"
 
 
-class CaptureLease:
-    """`on_lost(reason)` runs (in the renewing thread) when another instance holds the lease."""
+class Lease:
+    """`service` (capture, delivery) holds `name` for `subject` (its source or pipeline);
+    `on_lost(reason)` runs in the renewing thread when another instance holds it."""
 
-    def __init__(self, control: ControlClient, source_id: str, ttl_s: float = DEFAULT_TTL_S,
-                 owner: str | None = None) -> None:
+    def __init__(self, control: ControlClient, service: str, subject: str,
+                 ttl_s: float = DEFAULT_TTL_S, owner: str | None = None) -> None:
         self.control = control
-        self.source_id = source_id
-        self.name = f"capture::{source_id}"
+        self.service = service
+        self.subject = subject
+        self.name = f"{service}::{subject}"
         self.owner = owner or instance_name()
         self.ttl_s = ttl_s
         self.generation = 0
         self.lost = ""  # why this instance no longer holds it
         self.on_lost: Callable[[str], None] = lambda reason: None
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="capture-lease", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name=f"{service}-lease", daemon=True)
 
-    def wait(self, stopping: Callable[[], bool], standby: Callable[[str], None]) -> bool:
+    def wait(self, stopping: Callable[[], bool], standby: Callable[[str], None],
+             take_over: bool = False) -> bool:
         """Block until this instance holds the lease (True) or `stopping()` (False); while
-        another holds it, `standby(reason)` says who."""
+        another holds it, `standby(reason)` says who. `take_over`: take it from whoever holds
+        it now (an operator's explicit take-over; the holder is fenced)."""
         take_over_from = ""
         said = ""
         while not stopping():
@@ -82,27 +87,32 @@ class CaptureLease:
                 lease = self.control.acquire_lease(self.name, self.owner, self.ttl_s,
                                                    take_over_from)
             except (RetryableError, NonRetryableError) as e:
-                standby(f"standby: cannot ask the control service for the capture lease: {e}")
+                standby(f"standby: cannot ask the control service for the {self.service} "
+                        f"lease: {e}")
                 self._sleep(stopping, self.ttl_s / 3)
                 continue
             if lease.held:
-                self.generation = self.control.capture_generation = lease.generation
-                log.info("capture lease held: this instance captures the source",
-                         source=self.source_id, instance=self.owner,
-                         generation=lease.generation, ttl_s=self.ttl_s)
+                self.generation = lease.generation
+                log.info(f"{self.service} lease held: this instance is the active one",
+                         lease=self.name, instance=self.owner, generation=lease.generation,
+                         ttl_s=self.ttl_s)
                 self._thread.start()
                 return True
+            if take_over:
+                log.warning(f"taking the {self.service} lease over (asked for): the holder "
+                            "is fenced", holder=lease.owner, lease=self.name)
+                take_over_from = lease.owner
+                continue
             take_over_from = lease.owner if process_gone(lease.owner) else ""
             if take_over_from:
-                log.warning("the capture instance holding the lease is gone from this host; "
-                            "taking it over", holder=lease.owner, source=self.source_id)
+                log.warning(f"the {self.service} instance holding the lease is gone from this "
+                            "host; taking it over", holder=lease.owner, lease=self.name)
                 continue
-            reason = (f"standby: capture instance {lease.owner} holds source {self.source_id} "
+            reason = (f"standby: {self.service} instance {lease.owner} holds {self.subject} "
                       f"(lease generation {lease.generation}); this one takes over if its "
                       f"lease lapses ({self.ttl_s:g} s without renewal)")
             if lease.owner != said:
-                log.info("standby", holder=lease.owner, source=self.source_id,
-                         instance=self.owner)
+                log.info("standby", holder=lease.owner, lease=self.name, instance=self.owner)
                 said = lease.owner
             standby(reason)
             self._sleep(stopping, self.ttl_s / 3)
@@ -111,7 +121,8 @@ class CaptureLease:
     def fenced(self, reason: str) -> bool:
         """Whether `reason` (a refusal of the control service) says another instance holds
         the lease now; if so this instance has lost it."""
-        if self.generation and "capture lease generation" in reason and "is fenced" in reason:
+        if self.generation and f"{self.service} lease generation" in reason and \
+                "is fenced" in reason:
             self.lost = self.lost or reason
         return bool(self.lost)
 
@@ -124,8 +135,8 @@ class CaptureLease:
             try:
                 self.control.release_lease(self.name, self.owner)
             except (RetryableError, NonRetryableError) as e:
-                log.warning("cannot release the capture lease; a standby waits for it to "
-                            "lapse", error=str(e))
+                log.warning(f"cannot release the {self.service} lease; a standby waits for "
+                            "it to lapse", error=str(e))
 
     def confirm(self) -> bool:
         """Renew now: whether this instance still holds the lease (before taking something
@@ -140,10 +151,9 @@ class CaptureLease:
     def _lose(self, lease: pb.Lease) -> None:
         if self.lost:
             return
-        self.lost = (f"capture lease of source {self.source_id} lost: instance {lease.owner} "
-                     f"holds it now (generation {lease.generation}); this instance stops and "
-                     "waits as a standby")
-        log.error("capture lease lost", holder=lease.owner, source=self.source_id)
+        self.lost = (f"{self.service} lease of {self.subject} lost: instance {lease.owner} "
+                     f"holds it now (generation {lease.generation})")
+        log.error(f"{self.service} lease lost", holder=lease.owner, lease=self.name)
         self.on_lost(self.lost)
 
     def _renew(self) -> None:
@@ -152,7 +162,8 @@ class CaptureLease:
                 if not self.confirm():
                     return
             except (RetryableError, NonRetryableError) as e:  # its epochs are fenced anyway
-                log.warning("cannot renew the capture lease; trying again", error=str(e))
+                log.warning(f"cannot renew the {self.service} lease; trying again",
+                            error=str(e))
 
     @staticmethod
     def _sleep(stopping: Callable[[], bool], seconds: float) -> None:
