@@ -7,8 +7,8 @@ named the cut link while it was cut (`tailrace.links`).
 Links: capture <-> source database, capture <-> control, delivery <-> control,
 delivery <-> sink (Redis), and the bus: a broker of its own that advertises the proxy, so
 capture's and delivery's connections to it are cut together (capture alone:
-tests/chaos/test_pg_capture_outages.py). Then two finer faults on a sink's link: the reply
-to the sink's commit lost (Redis `EXEC`, PostgreSQL `COMMIT`), and a slow, thin link.
+tests/chaos/test_pg_capture_outages.py). Then the reply to a sink's commit lost (Redis
+`EXEC`, PostgreSQL `COMMIT`), and each link slow and thin (150 ms each way, 20 kB/s).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ NAMED = {"source": [("capture", "reconnecting to the source database")],
          "bus": [("capture", "bus at 127.0.0.1:"), ("delivery", "bus at 127.0.0.1:")]}
 BEFORE, DURING, TRANSACTIONS = 20, 50, 70  # t < BEFORE delivered first; up to DURING cut
 CUT_S = 15.0
+LINKS = ["source", "capture-control", "delivery-control", "sink", "bus"]
 
 
 def port_of(url: str) -> int:
@@ -65,21 +66,14 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
     return "; ".join(out)
 
 
-@pytest.mark.parametrize("link", ["source", "capture-control", "delivery-control", "sink",
-                                  "bus"])
-
-
-@pytest.mark.matrix(
-    scenario="a network cut of 15 s on one link during a workload (capture or delivery to source, bus, "
-             "control, sink)",
-    guarantee="no loss, no duplicate, per-key order through a cut; /ready names the cut link; no process "
-              "dies")
-def test_a_cut_link_loses_nothing_and_duplicates_nothing(
-        counted: Any, link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any,
-        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def wire(link: str, prefix: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any,
+         tcp_proxy: Any, tmp_path: Path, request: pytest.FixtureRequest
+         ) -> tuple[RunningPipeline, Any, str]:
+    """A pipeline of an `acct` table whose `link` goes through a proxy the test controls:
+    (the unstarted pipeline, the proxy, the Redis stream it writes)."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    stream = f"cut-{link}.acct"  # the Redis server is shared by the whole run
+    stream = f"{prefix}-{link}.acct"  # the Redis server is shared by the whole run
     sink_url = redis_server.url
     if link == "sink":
         proxy = tcp_proxy(redis_server.port)
@@ -90,7 +84,7 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
         brokers = f"127.0.0.1:{proxy.port}"
     pipeline = pg_redis_pipeline(
         tables="[public.acct]", brokers=brokers,
-        sink=f'{{id: redis1, type: redis, url: "{sink_url}", stream: "cut-{link}.{{table}}"}}')
+        sink=f'{{id: redis1, type: redis, url: "{sink_url}", stream: "{prefix}-{link}.{{table}}"}}')
     text = pipeline.spec_path.read_text()
     if link == "source":
         proxy = tcp_proxy(port_of(pg_db))
@@ -101,6 +95,20 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
         own = tmp_path / f"{link}.yaml"
         own.write_text(text.replace(f"127.0.0.1:{control_port}", f"127.0.0.1:{proxy.port}"))
         pipeline.specs[link.split("-")[0]] = own
+    return pipeline, proxy, stream
+
+
+@pytest.mark.parametrize("link", LINKS)
+@pytest.mark.matrix(
+    scenario="a network cut of 15 s on one link during a workload (capture or delivery to source, bus, "
+             "control, sink)",
+    guarantee="no loss, no duplicate, per-key order through a cut; /ready names the cut link; no process "
+              "dies")
+def test_a_cut_link_loses_nothing_and_duplicates_nothing(
+        counted: Any, link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    pipeline, proxy, stream = wire(link, "cut", pg_db, redis_server, pg_redis_pipeline,
+                                   tcp_proxy, tmp_path, request)
     pipeline.start("control")
     pipeline.start("capture", "--http-port", "0")
     pipeline.start("delivery", "--http-port", "0")
@@ -235,23 +243,23 @@ def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
           f"batch stored ({skipped} 'replayed events skipped' log line(s))")
 
 
+
+@pytest.mark.parametrize("link", LINKS)
 @pytest.mark.matrix(
-    scenario="a slow thin link to the sink (150 ms each way, 20 kB/s)",
+    scenario="a slow thin link (150 ms each way, 20 kB/s) on one link during a workload "
+             "(capture or delivery to source, bus, control, sink)",
     guarantee="backpressure: slower, never lossy; no duplicate, per-key order")
-def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
-        counted: Any, pg_db: str, redis_server: Any, pg_redis_pipeline: Any, tcp_proxy: Any) -> None:
-    """Delivery ↔ Redis at 150 ms each way and 20 kB/s while 30 transactions are written:
-    batches take longer, nothing else changes."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    proxy = tcp_proxy(redis_server.port)
-    url = redis_server.url.replace(f":{redis_server.port}/", f":{proxy.port}/")
-    pipeline = pg_redis_pipeline(
-        tables="[public.acct]", sink=f'{{id: s1, type: redis, url: "{url}", stream: "slow.{{table}}"}}')
+def test_a_slow_thin_link_delays_but_loses_and_repeats_nothing(
+        counted: Any, link: str, pg_db: str, redis_server: Any, pg_redis_pipeline: Any,
+        tcp_proxy: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """One link at 150 ms each way and 20 kB/s while 30 transactions are written: batches
+    take longer, nothing else changes."""
+    pipeline, proxy, stream = wire(link, "slow", pg_db, redis_server, pg_redis_pipeline,
+                                   tcp_proxy, tmp_path, request)
     pipeline.start_all()
 
     def delivered_up_to() -> int:
-        return reached(values_per_key(redis_server.url, "slow.acct"), KEYS)
+        return reached(values_per_key(redis_server.url, stream), KEYS)
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(BEFORE):
@@ -268,10 +276,11 @@ def test_a_slow_thin_sink_link_delays_but_loses_and_repeats_nothing(
         for t in range(DURING, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
     pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 180, "every change")
-    counted(**count_values(values_per_key(redis_server.url, "slow.acct"),
-                           {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
-    assert values_per_key(redis_server.url, "slow.acct") == {
-        k: list(range(TRANSACTIONS)) for k in range(KEYS)}, "once each, in source order"
+    values = values_per_key(redis_server.url, stream)
+    counted(**count_values(values, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
+            outcome=f"{DURING - BEFORE} transactions over the slow link in {slow_s:.0f} s")
+    assert values == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "once each, in source order"
     pipeline.assert_running()
-    print(f"\nslow link (150 ms each way, 20 kB/s): {DURING - BEFORE} transactions delivered "
-          f"in {slow_s:.1f} s; {KEYS * TRANSACTIONS} changes once each, in order")
+    print(f"\n[{link}] slow link (150 ms each way, 20 kB/s): {DURING - BEFORE} transactions "
+          f"delivered in {slow_s:.1f} s; {KEYS * TRANSACTIONS} changes once each, in order")
