@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 RESULTS = Path(__file__).resolve().parents[1] / ".tailrace" / "matrix.json"
+MATRIX_PROPERTY = "tailrace_matrix"
 _counted: dict[str, dict[str, Any]] = {}
 
 
@@ -45,10 +46,12 @@ def counted(request: pytest.FixtureRequest) -> Iterator[Callable[..., None]]:
         if (changes_in is None) != (changes_out is None) or \
                 (changes_in is None and not outcome):
             raise TypeError("counted() takes changes_in and changes_out, an outcome, or both")
-        _counted[request.node.nodeid] = {
+        # carried by the test's report: under pytest-xdist it runs in a worker and the
+        # controller, which writes the results, sees only reports
+        request.node.user_properties.append((MATRIX_PROPERTY, {
             "changes_in": changes_in, "changes_out": changes_out, "duplicates": duplicates,
             "order_violations": order_violations, "outcome": outcome,
-            "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d")}))
 
     yield record
 
@@ -67,10 +70,14 @@ def count_values(values: dict[int, list[int]], expected: dict[int, list[int]]
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed:  # only what a passing test counted
         _counted.pop(report.nodeid, None)
+    elif report.when == "call":
+        for name, value in report.user_properties:
+            if name == MATRIX_PROPERTY:
+                _counted[report.nodeid] = value
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not _counted:
+    if not _counted or hasattr(session.config, "workerinput"):  # an xdist worker
         return
     RESULTS.parent.mkdir(exist_ok=True)
     merged: dict[str, Any] = {}
