@@ -37,12 +37,17 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-## Random service and admin tokens for docker-compose.yml (kept if they exist; never in git).
+## Random service and admin tokens and a PostgreSQL password for docker-compose.yml (kept if
+## they exist; never in git).
 secrets:
 	@mkdir -p deploy/secrets
 	@for role in service admin; do f=deploy/secrets/$$role.token; \
 	  if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $$f); \
 	  echo "wrote $$f"; fi; done
+	@f=deploy/secrets/postgres.env; if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; \
+	  p = secrets.token_hex(24); \
+	  print(f"POSTGRES_PASSWORD={p}\nPG_DSN=postgresql://postgres:{p}@postgres:5432/shop")' > $$f); \
+	  echo "wrote $$f"; fi
 
 ## ruff, then mypy --strict on the tailrace and tailrace_services packages ([tool.mypy]).
 lint: setup
