@@ -3,8 +3,9 @@ of fencing the first, and takes over when the first dies.
 
 Delivery A delivers a workload to the exactly-once Redis sink; B starts on the same
 pipeline and waits (`/ready` 503 naming A, no Spark started, no claim). After A has
-delivered some batches it is killed -9: B sees A's process gone from this host, takes the
-lease and the pipeline at once, and delivers the rest. Every change once, in order per key.
+delivered some of it, A is killed -9: B sees A's process gone from this host, takes the
+lease and the pipeline at once, and delivers the rest; a new standby starts beside it;
+three times. Every change once, in order per key.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_a
 pytestmark = pytest.mark.chaos
 
 KEYS = 10
-STEP = 20
+STEP = 10
+KILLS = 3
 
 
 def write(pg_db: str, first: int, count: int) -> None:
@@ -34,8 +36,8 @@ def ready_reason(pipeline: RunningPipeline, name: str) -> str:
 
 
 @pytest.mark.matrix(
-    scenario="two delivery instances of one pipeline; the active one killed -9 mid-workload "
-             "(Redis exactly-once sink)",
+    scenario="two delivery instances of one pipeline; the active one killed -9 three times "
+             "mid-workload (Redis exactly-once sink)",
     guarantee="the second waits as a standby (no fencing ping-pong) and takes over at once "
               "from the dead one; every change once, in order per key")
 def test_a_second_delivery_waits_as_a_standby_and_takes_over_when_the_first_dies(
@@ -49,29 +51,37 @@ def test_a_second_delivery_waits_as_a_standby_and_takes_over_when_the_first_dies
     pipeline.start("delivery", "--http-port", "0", "--lease-ttl-s", "5")
     pipeline.wait_for(lambda: pipeline.log_count("delivery", "delivery owns the pipeline") > 0,
                       120, "the first delivery to own the pipeline")
-    pipeline.start("delivery2", "--http-port", "0", "--lease-ttl-s", "5")
-    pipeline.wait_for(lambda: "standby: delivery instance" in ready_reason(pipeline,
-                                                                           "delivery2"),
-                      60, "the second delivery to wait as a standby")
 
-    write(pg_db, 0, STEP)
-    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
-                      >= STEP // 2, 120, "the first instance delivering")
-    assert pipeline.log_count("delivery2", "delivery owns the pipeline") == 0, \
-        "the standby claims nothing while the first lives"
-    pipeline.kill("delivery")
-    pipeline.procs.pop("delivery")
-    write(pg_db, STEP, STEP)
-    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
-                      >= 2 * STEP - 1, 240, "the second instance delivering the rest")
-    assert pipeline.log_count("delivery2", "is gone from this host; taking it over") == 1
-    assert pipeline.log_count("delivery2", "took over the pipeline") == 1
+    def delivered() -> int:
+        return reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
+
+    written = 0
+    active, standby, started = "delivery", "delivery2", 2
+    for _ in range(KILLS):
+        pipeline.start(standby, "--http-port", "0", "--lease-ttl-s", "5")
+        pipeline.wait_for(lambda s=standby: "standby: delivery instance" in ready_reason(
+            pipeline, s), 60, f"{standby} to wait as a standby")
+        write(pg_db, written, STEP)
+        written += STEP
+        pipeline.wait_for(lambda w=written: delivered() >= w - STEP // 2, 120,
+                          f"{active} delivering")
+        assert pipeline.log_count(standby, "delivery owns the pipeline") == 0, \
+            "the standby claims nothing while the active one lives"
+        pipeline.kill(active)
+        pipeline.procs.pop(active)
+        write(pg_db, written, STEP)
+        written += STEP
+        pipeline.wait_for(lambda w=written: delivered() >= w - 1, 240, f"{standby} delivering")
+        assert pipeline.log_count(standby, "is gone from this host; taking it over") == 1
+        assert pipeline.log_count(standby, "took over the pipeline") == 1
+        started += 1
+        active, standby = standby, f"delivery{started}"
 
     values = values_per_key(pipeline.redis_url, "tr.acct")
-    expected = {k: list(range(2 * STEP)) for k in range(KEYS)}
+    expected = {k: list(range(written)) for k in range(KEYS)}
     counted(**count_values(values, expected),
-            outcome="active delivery killed -9; the standby took over")
+            outcome=f"active delivery killed -9 {KILLS} times; the standby took over each time")
     assert values == expected, "every change once, in order per key"
     pipeline.assert_running()
-    print(f"\n{KEYS * 2 * STEP} changes once each, in order; the standby delivery took over "
-          "from the killed one at once")
+    print(f"\n{KEYS * written} changes once each, in order; a standby delivery took over "
+          f"from the killed one at once, {KILLS} times")
