@@ -257,8 +257,8 @@ def nats_values(url: str, stream: str) -> dict[int, list[int]]:
 
 @pytest.mark.matrix(
     scenario="a server killed -9 mid-workload and started again on its data: the source "
-             "PostgreSQL, the PostgreSQL sink's server, NATS JetStream, the Kafka sink's broker "
-             "(noida-db)",
+             "PostgreSQL, the PostgreSQL sink's server, NATS JetStream; the Kafka sink's broker "
+             "(noida-db) stopped and started again",
     guarantee="nothing lost or repeated through a restart of the source or a sink server; per key "
               "in order; no process dies")
 @pytest.mark.parametrize("server", ["source-postgres", "sink-postgres", "sink-nats",
@@ -270,7 +270,10 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
     on meanwhile (the source's wait for it: they are written after it is back), and it is
     started on the same data dir and port. PostgreSQL sink: an audit trigger counts each
     row written; NATS: the stream on disk, deduplicated by `Nats-Msg-Id`; Kafka: noida-db
-    (it keeps transactions correct), the exactly-once sink, read committed."""
+    (it keeps transactions correct), the exactly-once sink, read committed. noida-db saves
+    its data only when stopped gracefully, so it is stopped, not killed: killed -9 it loses
+    what it acknowledged since its last save, and delivery then stops loudly naming the
+    gap (the forgetful sinks above), which is the right answer but not this scenario's."""
     source_server: Any = make_pg_server() if server == "source-postgres" else None
     dsn = source_server.create_database("shop") if source_server else ""
     target: Any = None
@@ -322,7 +325,10 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
             write_account_tx(conn, t, KEYS)
     pipeline.wait_for(lambda: reached(values(), KEYS) >= KILLED_AT // 2, 180,
                       "the first changes in the sink")
-    killed.kill()
+    if server == "sink-kafka":
+        killed.stop()  # noida-db keeps its data only through a graceful stop (see above)
+    else:
+        killed.kill()
     if server != "source-postgres":  # the source goes on while the sink is away
         with psycopg.connect(pipeline_dsn(pipeline), autocommit=True) as conn:
             for t in range(KILLED_AT, STARTED_AT):

@@ -9,6 +9,7 @@ optional sink has no checkpoint, so no minimum checkpoint exists to confirm.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ from tests.fix_pipeline import reached, values_per_key, write_account_tx
 
 pytestmark = pytest.mark.chaos
 
+STREAM = f"retention-{uuid.uuid4().hex[:8]}.acct"  # the Redis server is shared by the run
 KEYS = 20
 TRANSACTIONS = 30
 LIMIT = 1 << 20  # source.max_retained: 1MiB
@@ -46,7 +48,7 @@ def test_an_optional_sink_holding_the_slot_past_max_retained_is_detached_and_the
         conn.execute("CREATE TABLE ballast (id int PRIMARY KEY, pad text)")
     pipeline = pg_redis_pipeline(
         tables="[public.acct]", source=f"max_retained: {LIMIT}",
-        stream="tr.acct",
+        stream=STREAM,
         sink=None)
     spec = pipeline.spec_path.read_text()
     pipeline.spec_path.write_text(spec.replace(
@@ -60,7 +62,7 @@ def test_an_optional_sink_holding_the_slot_past_max_retained_is_detached_and_the
                      "FROM generate_series(1, %s) g", (BALLAST_ROWS,))
         for t in range(TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
+    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, STREAM), KEYS)
                       == TRANSACTIONS - 1, 120, "every change in the required sink")
 
     control = pipeline.control_client()
@@ -84,12 +86,12 @@ def test_an_optional_sink_holding_the_slot_past_max_retained_is_detached_and_the
     with psycopg.connect(pg_db, autocommit=True) as conn:  # after the detach: on it goes
         for t in range(TRANSACTIONS, 2 * TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
+    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, STREAM), KEYS)
                       == 2 * TRANSACTIONS - 1, 120, "the later changes in the required sink")
     assert pipeline.log_count("delivery", "restarting from checkpoints") <= restarts + 1, \
         "delivery no longer restarts for the detached sink"
 
-    values = values_per_key(pipeline.redis_url, "tr.acct")
+    values = values_per_key(pipeline.redis_url, STREAM)
     expected = {k: list(range(2 * TRANSACTIONS)) for k in range(KEYS)}
     counted(**count_values(values, expected),
             outcome=f"optional sink detached past {LIMIT >> 20} MiB; slot released")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_a
 
 pytestmark = pytest.mark.chaos
 
+STREAM = f"standby-capture-{uuid.uuid4().hex[:8]}.acct"  # the Redis server is shared by the run
 KEYS = 10
 STEP = 10  # transactions written between two faults
 KILLS = 5
@@ -38,7 +40,7 @@ def write(pg_db: str, first: int, count: int) -> None:
 
 
 def wait_reached(pipeline: RunningPipeline, t: int, what: str) -> None:
-    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS) >= t,
+    pipeline.wait_for(lambda: reached(values_per_key(pipeline.redis_url, STREAM), KEYS) >= t,
                       120, what)
 
 
@@ -62,7 +64,7 @@ def test_a_standby_takes_over_from_a_killed_or_frozen_capture_and_the_old_one_is
         counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    pipeline = pg_redis_pipeline(tables="[public.acct]", stream="tr.acct")
+    pipeline = pg_redis_pipeline(tables="[public.acct]", stream=STREAM)
     pipeline.start("control")
     pipeline.start("capture", "--http-port", "0", "--lease-ttl-s", TTL)
     pipeline.wait_capture_streaming()
@@ -115,7 +117,7 @@ def test_a_standby_takes_over_from_a_killed_or_frozen_capture_and_the_old_one_is
     generations = [e.capture_generation for e in epochs]
     assert generations == sorted(generations) and generations[0] >= 1, \
         "the epochs of one holder at a time, in lease-generation order"
-    values = values_per_key(pipeline.redis_url, "tr.acct")
+    values = values_per_key(pipeline.redis_url, STREAM)
     expected = {k: list(range(written)) for k in range(KEYS)}
     counted(**count_values(values, expected),
             outcome=f"active capture killed -9 {KILLS} times, then one frozen: standbys took "

@@ -10,6 +10,7 @@ three times. Every change once, in order per key.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_a
 
 pytestmark = pytest.mark.chaos
 
+STREAM = f"standby-delivery-{uuid.uuid4().hex[:8]}.acct"  # the Redis server is shared by the run
 KEYS = 10
 STEP = 10
 KILLS = 3
@@ -44,7 +46,7 @@ def test_a_second_delivery_waits_as_a_standby_and_takes_over_when_the_first_dies
         counted: Any, pg_db: str, pg_redis_pipeline: Any) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    pipeline = pg_redis_pipeline(tables="[public.acct]", stream="tr.acct")
+    pipeline = pg_redis_pipeline(tables="[public.acct]", stream=STREAM)
     pipeline.start("control")
     pipeline.start("capture")
     pipeline.wait_capture_streaming()
@@ -53,7 +55,7 @@ def test_a_second_delivery_waits_as_a_standby_and_takes_over_when_the_first_dies
                       120, "the first delivery to own the pipeline")
 
     def delivered() -> int:
-        return reached(values_per_key(pipeline.redis_url, "tr.acct"), KEYS)
+        return reached(values_per_key(pipeline.redis_url, STREAM), KEYS)
 
     written = 0
     active, standby, started = "delivery", "delivery2", 2
@@ -77,7 +79,7 @@ def test_a_second_delivery_waits_as_a_standby_and_takes_over_when_the_first_dies
         started += 1
         active, standby = standby, f"delivery{started}"
 
-    values = values_per_key(pipeline.redis_url, "tr.acct")
+    values = values_per_key(pipeline.redis_url, STREAM)
     expected = {k: list(range(written)) for k in range(KEYS)}
     counted(**count_values(values, expected),
             outcome=f"active delivery killed -9 {KILLS} times; the standby took over each time")
