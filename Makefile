@@ -28,11 +28,11 @@ protos: $(STAMP)
 run: setup
 	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION)) $(if $(DEMO_DIR),--dir $(DEMO_DIR))
 
-## The test files run on TEST_WORKERS processes (pytest-xdist, a file per worker at a time:
-## each worker starts its own throwaway servers). TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 2
+## The tests run on TEST_WORKERS processes (pytest-xdist; an idle worker takes tests queued
+## for a busy one; each worker starts its own throwaway servers). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: setup lint
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
