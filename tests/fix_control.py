@@ -19,6 +19,7 @@ import os
 import secrets
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -153,3 +154,22 @@ class ControlProcess:
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.kill() if t is not None else self.stop()
+
+
+def cli_in_process(control: ControlProcess, capsys: Any, monkeypatch: Any
+                   ) -> Callable[..., tuple[int, str, str]]:
+    """`run(*argv, token=False)` -> (exit code, stdout, stderr): the `tailrace` CLI run in this
+    process against `control`, with its service token ($TAILRACE_ADMIN_TOKEN: a token that may
+    read, not change), or with `token=True` its admin token (--token-file)."""
+    from tailrace_services.cli.main import main
+
+    monkeypatch.setenv("TAILRACE_CONTROL", control.address)
+    monkeypatch.delenv("TAILRACE_TOKEN", raising=False)
+    monkeypatch.setenv("TAILRACE_ADMIN_TOKEN", control.service_token)
+
+    def run(*argv: str, token: bool = False) -> tuple[int, str, str]:
+        code = main([*argv, *(["--token-file", str(control.admin_token_file)] if token else [])])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -53,6 +53,16 @@ def write_account_tx(conn: Any, t: int, keys: int) -> None:
             cur.executemany("UPDATE acct SET v = %s WHERE id = %s", [(t, k) for k in range(keys)])
 
 
+def write_account_txs(dsn: str, first: int, count: int, keys: int) -> None:
+    """Transactions `first`..`first + count - 1` of `write_account_tx`, on a connection of
+    their own."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in range(first, first + count):
+            write_account_tx(conn, t, keys)
+
+
 def reached(values: dict[int, list[int]], keys: int) -> int:
     """How far a `write_account_tx` workload arrived: the last transaction every one of
     `keys` keys has reached (-1 until each key has a value)."""

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from tests.fix_matrix import count_values
-from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_account_tx
+from tests.fix_pipeline import RunningPipeline, reached, values_per_key, write_account_txs
 
 pytestmark = pytest.mark.chaos
 
@@ -34,9 +34,7 @@ TTL = "3"
 
 
 def write(pg_db: str, first: int, count: int) -> None:
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        for t in range(first, first + count):
-            write_account_tx(conn, t, KEYS)
+    write_account_txs(pg_db, first, count, KEYS)
 
 
 def wait_reached(pipeline: RunningPipeline, t: int, what: str) -> None:

@@ -15,8 +15,7 @@ import redis
 from tailrace.control_client import identity
 from tailrace.events import ChangeEvent, Column, Op, Position, Row, value_of
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.cli.main import main
-from tests.fix_control import ControlProcess
+from tests.fix_control import ControlProcess, cli_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -62,19 +61,8 @@ def control(tmp_path_factory):
 
 @pytest.fixture
 def tailrace(control, capsys, monkeypatch):
-    """`tailrace(*argv, token=False)` -> (exit code, stdout, stderr), run in this process; with
-    the service token ($TAILRACE_ADMIN_TOKEN: a token that may read, not change), or with
-    `token=True` the admin token (--token-file)."""
-    monkeypatch.setenv("TAILRACE_CONTROL", control.address)
-    monkeypatch.delenv("TAILRACE_TOKEN", raising=False)
-    monkeypatch.setenv("TAILRACE_ADMIN_TOKEN", control.service_token)
-
-    def run(*argv: str, token: bool = False) -> tuple[int, str, str]:
-        code = main([*argv, *(["--token-file", str(control.admin_token_file)] if token else [])])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    """`tailrace(*argv, token=False)` -> (exit code, stdout, stderr) (`cli_in_process`)."""
+    return cli_in_process(control, capsys, monkeypatch)
 
 
 def test_pipelines(tailrace):

@@ -13,8 +13,7 @@ import pytest
 
 from tailrace.control_client import SinkOutcome
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.cli.main import main
-from tests.fix_control import ControlProcess
+from tests.fix_control import ControlProcess, cli_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -46,17 +45,8 @@ def control(tmp_path):
 
 @pytest.fixture
 def tailrace(control, capsys, monkeypatch):
-    """`tailrace(*argv, admin=False)` -> (exit code, stdout, stderr), run in this process."""
-    monkeypatch.setenv("TAILRACE_CONTROL", control.address)
-    monkeypatch.delenv("TAILRACE_TOKEN", raising=False)
-    monkeypatch.setenv("TAILRACE_ADMIN_TOKEN", control.service_token)
-
-    def run(*argv: str, admin: bool = False) -> tuple[int, str, str]:
-        code = main([*argv, *(["--token-file", str(control.admin_token_file)] if admin else [])])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    """`tailrace(*argv, token=False)` -> (exit code, stdout, stderr) (`cli_in_process`)."""
+    return cli_in_process(control, capsys, monkeypatch)
 
 
 def minimum(c) -> int:
@@ -113,19 +103,19 @@ def test_past_the_limit_optional_sinks_are_detached_laggiest_first_never_a_requi
         "detached"]["sink_id"] == "cache"
     assert "degraded" in tailrace("pipelines")[1]
 
-    code, out, err = tailrace("attach", "orders", "cache", "--confirm", "cache", admin=True)
+    code, out, err = tailrace("attach", "orders", "cache", "--confirm", "cache", token=True)
     assert code == 1 and "pause it first" in err, (out, err)
-    assert tailrace("pause", "orders", admin=True)[0] == 0
-    code, _, err = tailrace("attach", "orders", "cache", admin=True)
+    assert tailrace("pause", "orders", token=True)[0] == 0
+    code, _, err = tailrace("attach", "orders", "cache", token=True)
     assert code == 1 and "--confirm cache" in err
-    code, _, err = tailrace("attach", "orders", "main", "--confirm", "main", admin=True)
+    code, _, err = tailrace("attach", "orders", "main", "--confirm", "main", token=True)
     assert code == 1 and "is not detached" in err
-    code, out, _ = tailrace("attach", "orders", "cache", "--confirm", "cache", admin=True)
+    code, out, _ = tailrace("attach", "orders", "cache", "--confirm", "cache", token=True)
     assert code == 0 and "attached again at tx 30" in out and "tailrace snapshot" in out, out
     with control.client("service", retry_for=10) as c:
         assert c.get_checkpoint(SOURCE, "cache").position.tx_seq == 30, "from where main is"
         assert minimum(c) == 30
-    assert tailrace("resume", "orders", admin=True)[0] == 0
+    assert tailrace("resume", "orders", token=True)[0] == 0
     with control.client("service", retry_for=10) as c:
         reason = c.get_pipeline("orders").reason
         assert "sink cache" not in reason and "sink archive detached" in reason
