@@ -24,13 +24,13 @@ protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
 ## Throwaway PostgreSQL, broker, Redis, NATS + the three services on a sample pipeline.
-## DURATION=60 makes it stop by itself.
+## DURATION=60 makes it stop by itself a minute after the first changes arrive.
 run: setup
 	$(VENV)/bin/tailrace demo $(if $(DURATION),--duration $(DURATION)) $(if $(DEMO_DIR),--dir $(DEMO_DIR))
 
 ## The tests run on TEST_WORKERS processes (pytest-xdist; an idle worker takes tests queued
 ## for a busy one; each worker starts its own throwaway servers). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup lint
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from tailrace.errors import ConfigError, FatalError
 from tailrace.events._wire import ACCELERATED
 from tailrace.lease import DEFAULT_TTL_S, Lease
 from tailrace.logs import add_log_options, get_logger, setup_logging
+from tailrace.stopping import call_on_stop_signals
 
 if TYPE_CHECKING:
     from tailrace_services.capture.lifecycle import CaptureService
@@ -75,12 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         capture.lease = Lease(control, "capture", spec.spec.source.id, args.lease_ttl_s)
     stopped = threading.Event()
 
-    def on_signal(*_: object) -> None:
+    def on_signal() -> None:
         stopped.set()
         capture.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    call_on_stop_signals(on_signal)
     side = None
     if args.http_port is not None:
         from tailrace.httpside import start_http_side

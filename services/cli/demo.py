@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import sys
 import threading
 import time
@@ -32,8 +31,11 @@ from tailrace.devservers import (
     free_port,
 )
 from tailrace.logs import ENV_FORMAT, ENV_LEVEL
+from tailrace.stopping import call_on_stop_signals
 from tailrace_services.cli.supervisor import Supervisor
 from tailrace_services.cli.up import HttpPorts, exit_message, start_pipeline
+
+FIRST_EVENTS_WITHIN_S = 300  # Spark's start on a busy machine, with room to spare
 
 SCHEMA_SQL = """
 CREATE SCHEMA shop;
@@ -128,8 +130,7 @@ def run_demo(directory: str, duration: float | None, log_format: str = "json",
     log_dir = base / "logs"
     base.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    call_on_stop_signals(stop.set)
     servers: list[DevServer] = []
     sup = Supervisor({ENV_FORMAT: log_format, ENV_LEVEL: log_level})  # one format per run
     ports = HttpPorts.from_base(0)
@@ -166,7 +167,7 @@ def run_demo(directory: str, duration: float | None, log_format: str = "json",
 tailrace demo: the 70 rows already in shop.customers and shop.orders arrive first, as
   snapshot reads (op read); then changes written every second. The first events take
   ~20 s (Spark starts up). {"Ctrl-C stops." if duration is None else
-  f"Stopping by itself after {duration:.0f} s."}""", flush=True)
+  f"Stopping by itself {duration:.0f} s after the first events arrive."}""", flush=True)
 
         # changes made before the replication slot exists are not captured: wait for it
         # (capture is ready once it streams)
@@ -179,13 +180,21 @@ tailrace demo: the 70 rows already in shop.customers and shop.orders arrive firs
                                     daemon=True)]
         for t in threads:
             t.start()
-        deadline = None if duration is None else time.monotonic() + duration
+        # --duration counts from the first events: a loaded machine starts Spark slowly
+        deadline: float | None = None
+        first_by = time.monotonic() + FIRST_EVENTS_WITHIN_S
         while not stop.is_set():
             dead = sup.failed()
             if dead is not None:
                 print(exit_message(dead, "tailrace demo"), file=sys.stderr)
                 return 1
+            if duration is not None and deadline is None and counter[0] > 0:
+                deadline = time.monotonic() + duration
             if deadline is not None and time.monotonic() >= deadline:
+                break
+            if counter[0] == 0 and time.monotonic() >= first_by:
+                print(f"tailrace demo: no event arrived in {FIRST_EVENTS_WITHIN_S} s; "
+                      f"the logs in {log_dir} say why", file=sys.stderr, flush=True)
                 break
             time.sleep(0.2)
         stop.set()

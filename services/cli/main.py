@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="throwaway PostgreSQL, broker, Redis and NATS, a sample "
                                        "pipeline, and changes arriving (what `make run` does)")
     demo.add_argument("--duration", type=float, default=None,
-                      help="stop by itself after this many seconds (default: until Ctrl-C)")
+                      help="stop by itself this many seconds after the first events arrive "
+                           "(default: until Ctrl-C)")
     demo.add_argument("--dir", default=".tailrace/demo", help="logs and state (default %(default)s)")
     add_log_options(demo)
 

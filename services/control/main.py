@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
 
 from tailrace.httpside import start_http_side
 from tailrace.logs import add_log_options, get_logger, redact, setup_logging
+from tailrace.stopping import call_on_stop_signals
 from tailrace_services.control.audit import DEFAULT_KEEP
 from tailrace_services.control.auth import AuthPolicy
 from tailrace_services.control.metrics import register_pipeline_metrics
@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
              http_port=side.port if side else None)
 
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    call_on_stop_signals(stop.set)
     stop.wait()
     log.info("control service stopping")
     if side is not None:

@@ -33,6 +33,7 @@ from tailrace.config import load_pipeline
 from tailrace.errors import ConfigError, FatalError, FencedError, NonRetryableError
 from tailrace.lease import DEFAULT_TTL_S
 from tailrace.logs import add_log_options, get_logger, setup_logging
+from tailrace.stopping import call_on_stop_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("delivery starting", pipeline=spec.name,
              json_encoder="C" if JSON_ACCELERATED else "pure Python (slower: run `make setup`)")
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the query stops within 0.5 s
+    call_on_stop_signals(stopped.set, [signal.SIGTERM])  # the query stops within 0.5 s
     restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:
         ready.set()

@@ -326,7 +326,7 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
     pipeline.wait_for(lambda: reached(values(), KEYS) >= KILLED_AT // 2, 180,
                       "the first changes in the sink")
     if server == "sink-kafka":
-        killed.stop()  # noida-db keeps its data only through a graceful stop (see above)
+        killed.stop(keep_data=True)  # noida-db keeps its data only through a graceful stop
     else:
         killed.kill()
     if server != "source-postgres":  # the source goes on while the sink is away

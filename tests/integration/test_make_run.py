@@ -14,8 +14,8 @@ pytestmark = pytest.mark.integration
 
 def test_make_run_shows_changes_arriving_and_stops_cleanly(tmp_path):
     demo_dir = tmp_path / "demo"
-    result = subprocess.run(["make", "-s", "run", "DURATION=50", f"DEMO_DIR={demo_dir}"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(["make", "-s", "run", "DURATION=20", f"DEMO_DIR={demo_dir}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=500)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert "pipeline running" in out and "logs" in out and "psql" in out and "XRANGE" in out
