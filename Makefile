@@ -37,16 +37,25 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-## Random service and admin tokens and a PostgreSQL password for docker-compose.yml (kept if
+## Random service and admin tokens, PostgreSQL and MySQL passwords for docker-compose.yml (kept if
 ## they exist; never in git).
 secrets:
-	@mkdir -p deploy/secrets
+	@mkdir -p deploy/secrets && chmod 700 deploy/secrets
+	@# tokens 0644 in a 0700 dir: private on this host, readable by the image's non-root user
+	@# where compose mounts them; the .env files are read by compose itself, so they stay 0600
 	@for role in service admin; do f=deploy/secrets/$$role.token; \
-	  if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $$f); \
+	  if [ ! -s $$f ]; then (umask 022; $(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $$f); \
 	  echo "wrote $$f"; fi; done
 	@f=deploy/secrets/postgres.env; if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; \
 	  p = secrets.token_hex(24); \
 	  print(f"POSTGRES_PASSWORD={p}\nPG_DSN=postgresql://postgres:{p}@postgres:5432/shop")' > $$f); \
+	  echo "wrote $$f"; fi
+	@f=deploy/secrets/control.env; if [ ! -s $$f ]; then (umask 077; . deploy/secrets/postgres.env; \
+	  echo "TAILRACE_CONTROL_STORAGE=postgresql://postgres:$$POSTGRES_PASSWORD@postgres:5432/tailrace_control" > $$f); \
+	  echo "wrote $$f"; fi
+	@f=deploy/secrets/mysql.env; if [ ! -s $$f ]; then (umask 077; $(PYTHON) -c 'import secrets; \
+	  p = secrets.token_hex(24); \
+	  print(f"MYSQL_ROOT_PASSWORD={p}\nMYSQL_DSN=mysql://root:{p}@mysql:3306/shop")' > $$f); \
 	  echo "wrote $$f"; fi
 
 ## ruff, then mypy --strict on the tailrace and tailrace_services packages ([tool.mypy]).

@@ -82,7 +82,10 @@ def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
 class RunningPipeline:
     """A pipeline's three services as processes, with their logs in `dir`. Control runs with
     a service token (the spec's `control.token_file`) and an admin token (`admin_token_file`,
-    for `control_client()` and `cli_args()`); `control_args` are more arguments for it."""
+    for `control_client()` and `cli_args()`); `control_args` are more arguments for it.
+    Control replicas: `control_storage` (a PostgreSQL DSN they share, instead of a SQLite file)
+    and `control_listens` (each instance's own address, `control2`...), with
+    `control_address` naming them all (`host:a,host:b`)."""
 
     dir: Path
     spec_path: Path
@@ -92,6 +95,8 @@ class RunningPipeline:
     service_token_file: Path
     admin_token_file: Path
     control_args: tuple[str, ...] = ()
+    control_storage: str | None = None
+    control_listens: dict[str, str] = field(default_factory=dict)
     specs: dict[str, Path] = field(default_factory=dict)  # a service's own spec file
     sup: Supervisor = field(default_factory=Supervisor)
     procs: dict[str, Child] = field(default_factory=dict)
@@ -100,9 +105,10 @@ class RunningPipeline:
         """`name`: control, capture or delivery; a digit after it starts another instance
         of that service (`delivery2`) with its own log. `extra`: more arguments for it
         (`--http-port 0`)."""
+        listen = self.control_listens.get(name, self.control_address)
         argv = {
-            "control": service_argv("tailrace-control", "--listen", self.control_address,
-                                    "--storage", f"sqlite:///{self.dir / 'control.db'}",
+            "control": service_argv("tailrace-control", "--listen", listen, "--storage",
+                                    self.control_storage or f"sqlite:///{self.dir / 'control.db'}",
                                     "--service-token-file", str(self.service_token_file),
                                     "--admin-token-file", str(self.admin_token_file),
                                     *self.control_args),
@@ -112,8 +118,8 @@ class RunningPipeline:
                                      str(self.specs.get("delivery", self.spec_path))),
         }[name.rstrip("0123456789")]
         self.procs[name] = self.sup.start(name, [*argv, *extra], self.dir / f"{name}.log")
-        if name == "control":
-            wait_for_port(self.control_address)
+        if name.startswith("control"):
+            wait_for_port(listen)
 
     def control_client(self, role: str = "admin", **options: Any) -> ControlClient:
         """A client of this pipeline's control service with the `role` token (admin, service)."""
@@ -149,6 +155,13 @@ class RunningPipeline:
         assert child.process is not None
         os.killpg(child.process.pid, signal.SIGKILL)
         child.process.wait(10)
+
+    def stop(self, name: str, timeout: float = 20) -> int:
+        """SIGTERM the service's process group and wait for it to exit; its exit code."""
+        child = self.procs.pop(name)
+        assert child.process is not None
+        os.killpg(child.process.pid, signal.SIGTERM)
+        return child.process.wait(timeout)
 
     def assert_running(self) -> None:
         for name, child in self.procs.items():

@@ -1,19 +1,14 @@
 """A standalone Spark cluster on loopback (issue 17 item 5): a master and a worker, each in
-its own JVM, started from the pyspark distribution's own launcher classes (the jars pip
-installed), as `sbin/start-master.sh` and `start-worker.sh` would start them.
-
-Two things the pip distribution lacks for a worker that launches executors: a `RELEASE`
-file beside `jars/` in SPARK_HOME (so the launcher takes `jars/` as the distribution's), and
-SPARK_SCALA_VERSION (it would look for build directories otherwise). The fixture makes a
-SPARK_HOME of links to the pip package with that file, and sets the version from the
-scala-library jar.
+its own JVM, started by `tailrace-spark` (services/delivery/cluster.py) from the pyspark
+distribution's own launcher classes, as docker-compose.yml starts them (the launcher makes
+up for what the pip distribution lacks: a SPARK_HOME with a `RELEASE` file, the Scala
+version).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tailrace.devservers import free_port
+from tailrace_services.cli.supervisor import service_argv
 
 
 @dataclass
@@ -60,39 +56,18 @@ class SparkCluster:
             time.sleep(0.2)
 
 
-def _spark_home(directory: Path) -> tuple[Path, Path, str]:
-    """(SPARK_HOME made of links to the pip package, its jars, the Scala version)."""
-    import pyspark
-
-    package = Path(pyspark.__file__).parent
-    home = directory / "spark-home"
-    home.mkdir()
-    for part in ("jars", "bin", "python"):
-        if (package / part).exists():
-            (home / part).symlink_to(package / part)
-    (home / "RELEASE").write_text(f"Spark {pyspark.__version__} (pip)\n")
-    scala = next(re.search(r"scala-library-(\d+\.\d+)", p.name)
-                 for p in (package / "jars").glob("scala-library-*.jar"))
-    assert scala is not None
-    return home, package / "jars", scala.group(1)
-
-
 @pytest.fixture
 def spark_cluster(tmp_path: Path) -> Iterator[SparkCluster]:
     """A master and one worker with 2 cores; executors run this interpreter (PYSPARK_PYTHON),
     so they import Tailrace as the driver does."""
-    home, jars, scala = _spark_home(tmp_path)
     port = free_port()
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_SCALA_VERSION": scala,
-           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     cluster = SparkCluster(f"spark://127.0.0.1:{port}", tmp_path)
-    java = ["java", "-cp", f"{jars}/*", "-Xmx512m"]
-    commands = {
-        "master": [*java, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                   "--port", str(port), "--webui-port", "0"],
-        "worker": [*java, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
-                   "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", "0",
-                   "--work-dir", str(tmp_path / "work")],
+    common = ["--host", "127.0.0.1", "--webui-port", "0", "--dir", str(tmp_path)]
+    commands = {  # the product's launcher, as docker-compose.yml runs it
+        "master": service_argv("tailrace-spark", "master", "--port", str(port), *common),
+        "worker": service_argv("tailrace-spark", "worker", cluster.master_url, "--cores", "2",
+                               "--memory", "2g", *common),
     }
     try:
         for name, argv in commands.items():

@@ -8,6 +8,10 @@ UNAUTHENTICATED and PERMISSION_DENIED are `ControlRefused` (a `NonRetryableError
 message says what to fix. A TLS mismatch (a plaintext client of a TLS server, an untrusted
 certificate, a missing client certificate) is `ControlTlsError` (a `ConfigError`) at once,
 not an endless retry of "Socket closed" (`control_tls.py`).
+
+Replicas: `address` may name several control services sharing one PostgreSQL storage,
+`host1:port,host2:port`. A call that finds its replica unavailable goes to the next one
+at once, and the client stays there; only after a round of them all does it back off.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
+from tailrace.config import control_addresses
 from tailrace.control_tls import SPEC_SETTINGS, ClientTls, ControlTlsError, TlsSettings, diagnose
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
 from tailrace.links import LINKS
@@ -47,6 +52,47 @@ PIPELINE_STATES = {pb.PIPELINE_UNKNOWN: "unknown", pb.PIPELINE_RUNNING: "running
                    pb.PIPELINE_DEGRADED: "degraded"}
 OVERFLOW = {"drop_oldest": pb.OVERFLOW_DROP_OLDEST, "reject": pb.OVERFLOW_REJECT,
             "block": pb.OVERFLOW_BLOCK}
+
+
+def split_addresses(address: str | Sequence[str]) -> list[str]:
+    """`host1:port,host2:port` (or a list) as its addresses, each checked as `host:port`."""
+    try:
+        return control_addresses(address if isinstance(address, str) else list(address))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+class _Replicas:
+    """A channel per control address; `current` is the one calls go to."""
+
+    def __init__(self, addresses: list[str], tls: ClientTls | None) -> None:
+        self.addresses = addresses
+        self.channels = [grpc.secure_channel(a, tls.credentials()) if tls is not None
+                         else grpc.insecure_channel(a) for a in addresses]
+        self.index = 0
+
+    @property
+    def current(self) -> str:
+        return self.addresses[self.index]
+
+    def next(self) -> None:
+        self.index = (self.index + 1) % len(self.addresses)
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+
+class _Stub:
+    """A service's stub on whichever replica is current: `stub.Get(...)` looks it up per call."""
+
+    def __init__(self, make: Callable[[grpc.Channel], Any], replicas: _Replicas) -> None:
+        self._stubs = [make(channel) for channel in replicas.channels]
+        self._replicas = replicas
+
+    def __getattr__(self, method: str) -> Any:
+        return lambda *args, **kwargs: getattr(self._stubs[self._replicas.index], method)(
+            *args, **kwargs)
 
 
 class ControlUnavailable(RetryableError):
@@ -137,37 +183,36 @@ class ControlClient:
     bytes or a path — is the short form for TLS trusting one CA. `tls_settings` names the
     client's TLS settings in the message a TLS mismatch gets (the spec's `control.tls` by
     default). `agent` says who is calling, for the audit log (default `program host:pid`).
+    `address`: one control service, or replicas as `host1:port,host2:port` (or a list).
     """
 
-    def __init__(self, address: str, timeout: float = 10.0, retry_for: float = 30.0,
+    def __init__(self, address: str | Sequence[str], timeout: float = 10.0,
+                 retry_for: float = 30.0,
                  token: object | None = None, root_cert: bytes | str | None = None,
                  tls: ClientTls | None = None, tls_settings: TlsSettings = SPEC_SETTINGS,
                  agent: str | None = None) -> None:
-        self.address = address
-        self._link = f"control service at {address}"  # its name in `tailrace.links`
+        self.address = address if isinstance(address, str) else ",".join(address)
+        self._link = f"control service at {self.address}"  # its name in `tailrace.links`
         if tls is None and root_cert is not None:
             pem = Path(root_cert).read_bytes() if isinstance(root_cert, str) else root_cert
             tls = ClientTls(ca=pem)
         self._tls = tls
         self._tls_settings = tls_settings
-        if tls is not None:
-            self._channel = grpc.secure_channel(address, tls.credentials())
-        else:
-            self._channel = grpc.insecure_channel(address)
+        self._replicas = _Replicas(split_addresses(address), tls)
         metadata = [("tailrace-client", agent or default_agent())]
         if token:
             metadata.append(("authorization", f"Bearer {_secret(token)}"))
         self._metadata = tuple(metadata)
-        self._checkpoints = rpc.CheckpointsStub(self._channel)
-        self._epochs = rpc.EpochsStub(self._channel)
-        self._commits = rpc.CommitsStub(self._channel)
-        self._schemas = rpc.SchemasStub(self._channel)
-        self._identities = rpc.IdentitiesStub(self._channel)
-        self._dlq = rpc.DeadLettersStub(self._channel)
-        self._admin = rpc.AdminStub(self._channel)
-        self._audit = rpc.AuditStub(self._channel)
-        self._snapshots = rpc.SnapshotsStub(self._channel)
-        self._leases = rpc.LeasesStub(self._channel)
+        self._checkpoints = cast(rpc.CheckpointsStub, _Stub(rpc.CheckpointsStub, self._replicas))
+        self._epochs = cast(rpc.EpochsStub, _Stub(rpc.EpochsStub, self._replicas))
+        self._commits = cast(rpc.CommitsStub, _Stub(rpc.CommitsStub, self._replicas))
+        self._schemas = cast(rpc.SchemasStub, _Stub(rpc.SchemasStub, self._replicas))
+        self._identities = cast(rpc.IdentitiesStub, _Stub(rpc.IdentitiesStub, self._replicas))
+        self._dlq = cast(rpc.DeadLettersStub, _Stub(rpc.DeadLettersStub, self._replicas))
+        self._admin = cast(rpc.AdminStub, _Stub(rpc.AdminStub, self._replicas))
+        self._audit = cast(rpc.AuditStub, _Stub(rpc.AuditStub, self._replicas))
+        self._snapshots = cast(rpc.SnapshotsStub, _Stub(rpc.SnapshotsStub, self._replicas))
+        self._leases = cast(rpc.LeasesStub, _Stub(rpc.LeasesStub, self._replicas))
         self.capture_generation = 0  # stamped on recorded epochs: the lease that fences them
         self._timeout = timeout
         self._retry_for = retry_for
@@ -181,13 +226,19 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def current_address(self) -> str:
+        """The replica calls go to now."""
+        return self._replicas.current
+
     def close(self) -> None:
-        self._channel.close()
+        self._replicas.close()
 
     def _call(self, what: str, fn: Callable[..., T], request: object) -> T:
         deadline = time.monotonic() + self._retry_for
         delay = 0.1
         next_look = 0.0  # a TLS probe is a connection of its own: at most one every 5 s
+        untried = len(self._replicas.addresses) - 1  # replicas to try before backing off
         while True:
             try:
                 answer = fn(request, timeout=self._timeout, metadata=self._metadata)
@@ -202,13 +253,21 @@ class ControlClient:
                 LINKS.failed(self._link, f"{what}: {code.name}: {details}")
                 if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() >= next_look:
                     next_look = time.monotonic() + 5.0
-                    mismatch = diagnose(self.address, details, self._tls, self._tls_settings)
+                    mismatch = diagnose(self._replicas.current, details, self._tls,
+                                        self._tls_settings)
                     if mismatch is not None:
                         raise ControlTlsError(mismatch, code, details) from None
                 if code not in _RETRIED or time.monotonic() > deadline:
                     raise ControlUnavailable(message, code, details) from None
+                if untried:  # another replica may answer: go there at once
+                    self._replicas.next()
+                    untried -= 1
+                    continue
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                if len(self._replicas.addresses) > 1:
+                    self._replicas.next()
+                    untried = len(self._replicas.addresses) - 1
 
     # checkpoints
     def get_checkpoint(self, source_id: str, sink_id: str) -> pb.Checkpoint | None:

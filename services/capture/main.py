@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tailrace_services.capture.lifecycle import CaptureService
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace-capture", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="pipeline spec (YAML)")
@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
                              "standbys and take over when it lapses (0: no lease, for a "
                              "single instance). Default %(default)s")
     add_log_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     setup_logging("capture", args.log_level, fmt=args.log_format)
     log = get_logger()
     try:

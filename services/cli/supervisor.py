@@ -148,5 +148,6 @@ def service_argv(script: str, *args: str) -> list[str]:
         "tailrace-control": "tailrace_services.control.main",
         "tailrace-capture": "tailrace_services.capture",
         "tailrace-delivery": "tailrace_services.delivery.main",
+        "tailrace-spark": "tailrace_services.delivery.cluster",
     }[script]
     return [sys.executable, "-m", module, *args]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tailrace.config import PipelineSpec, load_pipeline
 from tailrace.devservers import free_port
+from tailrace.errors import ConfigError
 from tailrace.logs import ENV_FORMAT, ENV_LEVEL
 from tailrace_services.cli.localauth import local_tokens
 from tailrace_services.cli.supervisor import Child, Supervisor, service_argv
@@ -73,6 +74,11 @@ def start_pipeline(sup: Supervisor, spec_path: Path, spec: PipelineSpec, state_d
                    log_dir: Path | None, ports: HttpPorts | None = None) -> None:
     """Start the three services; with `ports`, each serves its HTTP side port, and capture
     and delivery exit on a fatal error (the supervisor then stops the run and says why)."""
+    if len(spec.spec.control.addresses) > 1:
+        raise ConfigError(f"control.address names {len(spec.spec.control.addresses)} control "
+                          "replicas; tailrace up starts one control service on one address: "
+                          "start the replicas yourself (tailrace-control --storage "
+                          "postgresql://...), then tailrace-capture and tailrace-delivery")
     address = spec.spec.control.address
 
     def http(name: str) -> list[str]:

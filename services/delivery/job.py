@@ -48,7 +48,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tailrace.bus_generation import offsets_done
@@ -79,21 +79,29 @@ _CONFIG_ERROR = re.compile(r"\bConfigError: ")
 _RAISED = re.compile(r"^((?:tailrace|tailrace_services)(?:\.\w+)*)\.(\w+): (.+)$", re.M)
 
 
-def spark_session(app: str, master: str) -> Any:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+LOOPBACK = "127.0.0.1"
+
+
+def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
+                  conf: Mapping[str, str] | None = None) -> Any:
+    """`driver_host`: where executors reach the driver (loopback unless they run on other
+    hosts); `conf`: more Spark settings (`spark.cores.max`...), applied last."""
+    if driver_host == LOOPBACK:
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     log4j = f"-Dlog4j2.configurationFile=file:{spark_log4j_config()}"
-    spark = (SparkSession.builder.appName(app).master(master)
+    builder = (SparkSession.builder.appName(app).master(master)
              .config("spark.driver.extraJavaOptions", log4j)
              .config("spark.executor.extraJavaOptions", log4j)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", LOOPBACK if driver_host == LOOPBACK
+                     else "0.0.0.0")
+             .config("spark.driver.host", driver_host)
              .config("spark.python.worker.reuse", "true")
              .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
              # The query's offset and commit logs are written every micro-batch, yet never
@@ -101,19 +109,22 @@ def spark_session(app: str, master: str) -> Any:
              # temporary directory. Plain files there (no rename through Hadoop's
              # FileContext, no .crc twin): 2 x ~37 ms -> 2 x ~7 ms a batch (docs/performance.md)
              .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
-             .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
-             .getOrCreate())
+             .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(BusDataSource)
     return spark
 
 
-def _start_spark(app: str, master: str, attempts: int = 3) -> Any:
+def _start_spark(app: str, master: str, driver_host: str, conf: Mapping[str, str],
+                 attempts: int = 3) -> Any:
     """The JVM occasionally fails to come up on a loaded machine ("Java gateway process
     exited before sending its port number"); that is worth another try, not a failure."""
     for attempt in range(1, attempts + 1):
         try:
-            return spark_session(app, master)
+            return spark_session(app, master, driver_host, conf)
         except Exception as e:
             if attempt == attempts or "JAVA_GATEWAY_EXITED" not in str(e):
                 raise
@@ -261,12 +272,14 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
         stop_when: Callable[[], bool] | None = None,
         on_batch: Callable[[BatchReport, float], None] | None = None,
         health: PipelineHealth | None = None, lease_ttl_s: float = 0.0,
-        take_over: bool = False) -> None:
+        take_over: bool = False, driver_host: str = LOOPBACK,
+        spark_conf: Mapping[str, str] | None = None) -> None:
     """Run the streaming query until it fails fatally (raises) or the process is stopped.
     `on_batch(report, seconds)` runs on the driver after every batch (benchmarks, embedding);
     `health` is kept up to date for the caller's `/health`. `lease_ttl_s`: wait as a standby
     until this instance holds the pipeline's delivery lease (`tailrace.lease`), or with
-    `take_over` take it from the instance that holds it; 0: claim at once (newest wins)."""
+    `take_over` take it from the instance that holds it; 0: claim at once (newest wins).
+    `driver_host`, `spark_conf`: as `spark_session`."""
     control = service_client(pipeline.spec.control)
     job = DeliveryJob(pipeline, control, on_batch, health)
     health = job.health
@@ -291,7 +304,8 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
     else:
         log.info("delivery owns the pipeline", generation=claim.owner.generation)
     job.publish_health()  # the new owner starts running: what an older instance said is past
-    spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master)
+    spark = _start_spark(f"tailrace-delivery-{pipeline.name}", master, driver_host,
+                         spark_conf or {})
     watch = BusWatch(pipeline).start()  # `/ready` names a cut bus (the workers read it)
     try:
         _queries(job, spark, master, should_stop)

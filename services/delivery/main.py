@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import socket
 import sys
 import threading
 
@@ -36,13 +37,20 @@ from tailrace.logs import add_log_options, get_logger, setup_logging
 from tailrace.stopping import call_on_stop_signals
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace-delivery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="pipeline spec (YAML)")
     parser.add_argument("--master", default="local[*]",
                         help="Spark master (default %(default)s); the package must be importable "
                              "on executors")
+    parser.add_argument("--driver-host", default=None, metavar="HOST",
+                        help="where executors reach this process, the Spark driver, as the "
+                             "workers resolve it (default: 127.0.0.1 with a local[...] master, "
+                             "else this host's name)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session, as spark-submit's --conf "
+                             "(spark.cores.max=2, spark.executor.memory=1g); repeatable")
     parser.add_argument("--http-port", type=int, default=None,
                         help="serve /health, /ready, /metrics on this port (0 = any free port)")
     parser.add_argument("--exit-on-fatal", action="store_true",
@@ -56,11 +64,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the pipeline from the instance that delivers it now, without "
                              "waiting for its lease to lapse (it is fenced and stops)")
     add_log_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     setup_logging("delivery", args.log_level, fmt=args.log_format)
     if args.lease_ttl_s < 0:
         print("tailrace-delivery: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
         return 2
+    bad = [item for item in args.conf if "=" not in item or not item.startswith("spark.")]
+    if bad:
+        print(f"tailrace-delivery: --conf {bad[0]!r} is not spark.KEY=VALUE", file=sys.stderr)
+        return 2
+    spark_conf = dict(item.split("=", 1) for item in args.conf)
     log = get_logger()
     try:
         spec = load_pipeline(args.pipeline)
@@ -100,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ready.set()
         run(spec, master=args.master, stop_when=stopped.is_set, health=health,
-            lease_ttl_s=args.lease_ttl_s, take_over=args.take_over)
+            lease_ttl_s=args.lease_ttl_s, take_over=args.take_over,
+            driver_host=args.driver_host or (
+                "127.0.0.1" if args.master.startswith("local") else socket.gethostname()),
+            spark_conf=spark_conf)
     except FencedError as e:  # the new owner carries on; serving 503 would only mislead
         log.error("delivery fenced; stopping", reason=str(e))
         return 1

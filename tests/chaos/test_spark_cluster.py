@@ -49,7 +49,10 @@ def test_delivery_on_a_spark_cluster_survives_an_executor_killed_mid_batch(
     pipeline.start("control")
     pipeline.start("capture")
     pipeline.wait_capture_streaming()
-    pipeline.start("delivery", "--master", spark_cluster.master_url)
+    # as on a cluster of several hosts: the driver bound on every address, named for the
+    # executors by a host name; a Spark setting passed through
+    pipeline.start("delivery", "--master", spark_cluster.master_url, "--driver-host", "localhost",
+                   "--conf", "spark.executor.memory=768m")
     pipeline.wait_for(lambda: pipeline.log_count("delivery", "delivery owns the pipeline") > 0,
                       120, "delivery to start on the cluster")
 
@@ -74,6 +77,7 @@ def test_delivery_on_a_spark_cluster_survives_an_executor_killed_mid_batch(
     pipeline.wait_for(lambda: len(read_kafka(noida_kafka.bootstrap, [topic])) >= total, 300,
                       "every change in Kafka")
     assert set(spark_cluster.executors()).isdisjoint(killed[:1]), "a new executor took over"
+    assert "-Xmx768M" in spark_cluster.log("worker"), "--conf spark.executor.memory reached it"
 
     redis_values = values_per_key(redis_server.url, stream)
     expected = {k: list(range(TRANSACTIONS)) for k in range(KEYS)}

@@ -32,3 +32,30 @@ def test_the_control_client_names_its_link_until_a_call_goes_through(monkeypatch
             server.stop(0)
     finally:
         client.close()
+
+
+def test_a_client_of_two_replicas_goes_to_the_other_when_one_is_down(tmp_path) -> None:
+    """Two control services on one storage (SQLite here; PostgreSQL in the chaos test): the
+    client starts on the first, goes to the second at once when the first stops answering,
+    stays there, and comes back only when the second stops answering in turn."""
+    from tailrace_services.control.storage import SqliteStorage
+
+    first, second = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    servers = {a: serve(SqliteStorage(str(tmp_path / "state.db")), a) for a in (first, second)}
+    client = ControlClient(f"{first},{second}", timeout=1.0, retry_for=5.0)
+    try:
+        assert client.current_address == first
+        client.register_pipeline("p", source_id="pg", sinks=[("s", "redis", True)])
+        servers.pop(first).stop(0)
+        assert client.pipeline_state("p")[0] == "running", "answered by the second"
+        assert client.current_address == second
+        servers[first] = serve(SqliteStorage(str(tmp_path / "state.db")), first)
+        client.pause("p")
+        assert client.current_address == second, "it stays with the one that answers"
+        servers.pop(second).stop(0)
+        assert client.pipeline_state("p")[0] == "paused", "the first saw the second's write"
+        assert client.current_address == first
+    finally:
+        client.close()
+        for server in servers.values():
+            server.stop(0)

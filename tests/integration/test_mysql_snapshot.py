@@ -31,7 +31,7 @@ from tests.fix_capture import BusView, CaptureRig, assert_transactions_whole, de
 pytestmark = pytest.mark.integration
 
 TABLES = ("accounts", "orders", "notes")
-ROWS = {"accounts": 50_000, "orders": 40_000, "notes": 30_000}  # 120,000 rows
+ROWS = {"accounts": 80_000, "orders": 70_000, "notes": 50_000}  # 200,000 rows
 SIGNAL = "tailrace.snapshot_signal"
 
 

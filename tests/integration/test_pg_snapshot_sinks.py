@@ -1,11 +1,12 @@
-"""An initial snapshot through the whole pipeline: capture, bus, Spark delivery, and two
-exactly-once sinks (Redis streams and a PostgreSQL replica), while a writer changes the
-same keys. Each sink ends with the source's rows; Redis holds no read twice and, per key,
-never a read older than a change before it.
+"""An initial snapshot through the whole pipeline: capture, bus, Spark delivery, and the
+three exactly-once sinks (Redis streams, a PostgreSQL replica, Kafka `exactly_once` read
+committed), while a writer changes the same keys. Each sink ends with the source's rows;
+Redis and Kafka hold no read twice and, per key, never a read older than a change before it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections import Counter
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from tailrace.proto import control_pb2 as pb
+from tests.fix_sinks import read_kafka
 from tests.integration.test_pg_snapshot import ROWS, TABLES, Writer, seed, state_of
 
 pytestmark = pytest.mark.integration
@@ -51,8 +53,9 @@ def replay(entries: dict[str, list[dict[str, Any]]]) -> tuple[dict[Any, tuple[An
     return state, reads
 
 
-def test_initial_snapshot_reaches_redis_and_postgres_with_no_duplicate(
-        pg_db: str, pg_server: Any, pg_redis_pipeline: Any, redis_server: Any) -> None:
+def test_initial_snapshot_reaches_redis_postgres_and_kafka_with_no_duplicate(
+        pg_db: str, pg_server: Any, pg_redis_pipeline: Any, redis_server: Any,
+        noida_kafka: Any) -> None:
     seed(pg_db)
     replica = pg_server.create_database(f"r_{uuid.uuid4().hex[:12]}")
     prefix = f"s{uuid.uuid4().hex[:8]}"
@@ -60,7 +63,9 @@ def test_initial_snapshot_reaches_redis_and_postgres_with_no_duplicate(
         tables="[public.accounts, public.orders, public.notes]",
         sink=f'{{id: redis1, type: redis, url: "{redis_server.url}", '
              f'stream: "{prefix}.{{table}}"}}\n'
-             f'    - {{id: pg1, type: postgres, dsn: "{replica}"}}',
+             f'    - {{id: pg1, type: postgres, dsn: "{replica}"}}\n'
+             f'    - {{id: kafka1, type: kafka, brokers: "{noida_kafka.bootstrap}", '
+             f'topic: "{prefix}.{{table}}", exactly_once: true}}',
         source="snapshot: {mode: initial, chunk_size: 5000}")
     pipeline.start_all()
     control = pipeline.control_client()
@@ -94,9 +99,23 @@ def test_initial_snapshot_reaches_redis_and_postgres_with_no_duplicate(
     assert max(reads.values()) == 1, "no key read twice"
     rows_done = sum(t.rows_done for t in control.snapshot_state(name).tables)
     assert sum(reads.values()) == rows_done
+
+    def kafka_entries() -> dict[str, list[dict[str, Any]]]:
+        topics = [f"{prefix}.{t}" for t in TABLES]
+        out: dict[str, list[dict[str, Any]]] = {t: [] for t in TABLES}
+        for m in read_kafka(noida_kafka.bootstrap, topics):  # read committed
+            if m.value() is not None:  # a tombstone after a delete
+                out[m.topic().split(".", 1)[1]].append(json.loads(m.value()))
+        return out
+
+    pipeline.wait_for(lambda: replay(kafka_entries())[0] == source, 300,
+                      "the Kafka topics replayed equal to the source")
+    kafka_state, kafka_reads = replay(kafka_entries())
+    assert max(kafka_reads.values()) == 1, "no key read twice in Kafka"
+    assert sum(kafka_reads.values()) == rows_done
     control.close()
     print(f"\n{sum(ROWS.values())} rows snapshotted in {took:.1f} s with {writer.transactions} "
           f"writer transactions: {sum(reads.values())} reads and "
           f"{sum(len(e) for e in entries.values()) - sum(reads.values())} changes in Redis; "
-          f"Redis replayed and the PostgreSQL replica both equal the source "
+          f"Redis and Kafka replayed and the PostgreSQL replica all equal the source "
           f"({len(source)} rows)")

@@ -332,3 +332,14 @@ def test_heartbeat_ms_is_read_for_both_sources_and_a_negative_one_is_refused():
                           ).spec.source.heartbeat_ms == 10_000
     with pytest.raises(ConfigError, match=r"heartbeat_ms"):
         parse_pipeline(pg.replace("heartbeat_ms: 10000", "heartbeat_ms: -1"), env=env)
+
+
+def test_control_replicas_are_named_as_a_list_or_comma_separated_and_checked():
+    env = {"PG_DSN": "postgresql://h/db"}
+    for control in ('control: {address: "a:1, b:2"}\n', "control: {address: [a:1, b:2]}\n"):
+        spec = parse_pipeline(GOOD.replace("  batch:", f"  {control}  batch:"), env=env).spec
+        assert (spec.control.address, spec.control.addresses) == ("a:1,b:2", ["a:1", "b:2"])
+    with pytest.raises(ConfigError, match=r"spec\.control\.address.*control address 'b' is not "
+                                          r"host:port"):
+        parse_pipeline(GOOD.replace("  batch:", '  control: {address: "a:1,b"}\n  batch:'),
+                       env=env)

@@ -31,10 +31,12 @@ from tailrace.config._model import (
     Spec,
     TlsSpec,
     TransformProcessor,
+    control_addresses,
 )
 from tailrace.config._units import parse_duration, parse_size
 
 __all__ = [
+    "control_addresses",
     "MIN_BATCH_MS",
     "BatchSpec",
     "BusSpec",

@@ -341,13 +341,40 @@ class BusSpec(_Spec):
     client_config: BusClientSettings = {}  # extra librdkafka settings (SASL, TLS, ...)
 
 
+def control_addresses(address: str | list[str]) -> list[str]:
+    """`host1:port,host2:port` (or a list): control replicas sharing one PostgreSQL storage."""
+    parts = address.split(",") if isinstance(address, str) else address
+    addresses = [str(part).strip() for part in parts if str(part).strip()]
+    if not addresses:
+        raise ValueError("no control address: give host:port, or replicas as "
+                         "host1:port,host2:port")
+    for one in addresses:
+        host, _, port = one.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"control address {one!r} is not host:port")
+    return addresses
+
+
 class ControlSpec(_Spec):
     """Where the control service is and how to prove who we are. The service token comes from
-    `token_file` or $TAILRACE_SERVICE_TOKEN, never from the spec itself."""
+    `token_file` or $TAILRACE_SERVICE_TOKEN, never from the spec itself. `address` names one
+    control service, or replicas on one PostgreSQL storage (`host1:port,host2:port` or a
+    list): capture and delivery go to the next when one does not answer."""
 
     address: str = "127.0.0.1:50051"
     token_file: Annotated[str, Field(min_length=1)] | None = None
     tls: TlsSpec | None = None
+
+    @field_validator("address", mode="before")
+    @classmethod
+    def _replicas(cls, value: object) -> object:
+        if isinstance(value, str | list):
+            return ",".join(control_addresses(value))
+        return value
+
+    @property
+    def addresses(self) -> list[str]:
+        return control_addresses(self.address)
 
     @model_validator(mode="before")
     @classmethod
