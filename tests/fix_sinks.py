@@ -159,7 +159,9 @@ def read_kafka(brokers: str, topics: Sequence[str], isolation: str = "read_commi
 
     consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g{uuid.uuid4().hex[:6]}",
                          "isolation.level": isolation, "enable.partition.eof": True,
-                         "enable.auto.commit": False, "fetch.max.bytes": 50_000_000})
+                         "enable.auto.commit": False, "fetch.max.bytes": 50_000_000,
+                         # noida-db answers a fetch with all it holds, whatever the limit
+                         "receive.message.max.bytes": 1_000_000_000})
     consumer.assign([TopicPartition(t, 0, 0) for t in topics])
     out: list[Any] = []
     ended: set[str] = set()
