@@ -4,7 +4,10 @@
   which `where` (a Spark SQL boolean expression) is true;
 - `transform`: `set` columns to Spark SQL expressions, `drop` and `rename` columns;
 - `route`: a destination template (`cdc.{database}.{table}`) the sinks use instead
-  of their own.
+  of their own;
+- `outbox`: Debezium's outbox event router — an outbox row's insert becomes the message
+  it stands for (`ChangeEvent.outbox`: key, payload, headers; routed by a column), the
+  outbox table's other events are dropped, other tables' pass.
 Expressions see the row's columns (the after-image; the before-image for
 deletes) plus `op`, `database`, `schema` and `table` unless the row has a
 column of that name. They were compiled when the spec loaded (`tailrace.config`
@@ -18,6 +21,7 @@ is on) and the others go on.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,15 +31,16 @@ from sqlglot.executor import execute
 
 from tailrace.config import (
     FilterProcessor,
+    OutboxProcessor,
     RouteProcessor,
     TransformProcessor,
     compile_expression,
     evaluation_query,
 )
 from tailrace.errors import ConfigError
-from tailrace.events import Column, Op, python_of, value_of
+from tailrace.events import Column, Op, json_of, python_of, value_of
 from tailrace.events._codec import op_name
-from tailrace.proto.event_pb2 import ChangeEvent
+from tailrace.proto.event_pb2 import ChangeEvent, OutboxHeader, OutboxMessage, Value
 from tailrace.tables import TableMatcher
 
 Failure = tuple[ChangeEvent, str]
@@ -184,6 +189,61 @@ class _Route:
         return events, []
 
 
+def _text(value: Value) -> str:
+    """A column's value as header or key text: JSON as written, others as JSON shows them."""
+    if value.WhichOneof("kind") == "json_value":
+        return value.json_value
+    shown = json_of(value)
+    return "" if shown is None else shown if isinstance(shown, str) else json.dumps(shown)
+
+
+def _payload(value: Value) -> bytes:
+    """The payload column as the application wrote it: JSON or text as UTF-8, bytes as
+    they are, NULL as `null`."""
+    kind = value.WhichOneof("kind")
+    if kind == "bytes_value":
+        return value.bytes_value
+    if kind in (None, "null"):
+        return b"null"
+    return _text(value).encode()
+
+
+@dataclass(frozen=True)
+class _Outbox:
+    spec: OutboxProcessor
+
+    def apply(self, events: list[ChangeEvent]) -> tuple[list[ChangeEvent], list[Failure]]:
+        out: list[ChangeEvent] = []
+        failures: list[Failure] = []
+        for event in events:
+            if not _table_matches([self.spec.table], event):
+                out.append(event)
+            elif event.op == Op.OP_INSERT:
+                try:
+                    out.append(self._message(event))
+                except KeyError as e:
+                    failures.append((event, f"outbox: the outbox row has no column {e}; "
+                                            f"set the processor's column names"))
+            # the outbox table's updates, deletes, reads and DDL are not events to send
+        return out, failures
+
+    def _message(self, event: ChangeEvent) -> ChangeEvent:
+        columns = {c.name: c.value for c in event.after.columns}
+        spec = self.spec
+        routed = _text(columns[spec.route_by])
+        headers = [OutboxHeader(name="id", value=_text(columns[spec.id]).encode())]
+        headers += [OutboxHeader(name=header, value=_text(columns[column]).encode())
+                    for column, header in spec.additional_fields.items()]
+        new = ChangeEvent()
+        new.CopyFrom(event)
+        # a literal for the sinks' template filling: braces in the value stay braces
+        new.route = spec.route.format(routedByValue=routed).replace("{", "{{").replace("}", "}}")
+        new.outbox.CopyFrom(OutboxMessage(key=_text(columns[spec.key]).encode(),
+                                          payload=_payload(columns[spec.payload]),
+                                          headers=headers))
+        return new
+
+
 def _by_table(events: list[ChangeEvent]) -> list[list[ChangeEvent]]:
     groups: dict[tuple[str, str, str], list[ChangeEvent]] = {}
     for e in events:
@@ -209,6 +269,8 @@ class ProcessorChain:
                                               if select else None))
             elif isinstance(spec, RouteProcessor):
                 self._steps.append(_Route(spec))
+            elif isinstance(spec, OutboxProcessor):
+                self._steps.append(_Outbox(spec))
             else:
                 raise ConfigError(f"{field}: unknown processor {spec!r}")
 

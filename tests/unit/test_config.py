@@ -343,3 +343,23 @@ def test_control_replicas_are_named_as_a_list_or_comma_separated_and_checked():
                                           r"host:port"):
         parse_pipeline(GOOD.replace("  batch:", '  control: {address: "a:1,b"}\n  batch:'),
                        env=env)
+
+
+def test_an_outbox_processor_is_refused_where_it_could_not_do_what_it_says():
+    problems = problems_of("  processors:\n    - {type: outbox, table: public.outbox}\n",
+                           sinks="    - {id: k1, type: kafka, brokers: 'h:9092'}\n")
+    assert any("spec.sinks[0].type" in p and "cannot write outbox messages" in p
+               for p in problems), "a redis sink has no key, payload and headers to write"
+    text = BASE.replace('{id: r1, type: redis, url: "redis://h"}',
+                        '{id: k1, type: kafka, brokers: "h:9092"}').replace(
+        'bus: {brokers: "h:9092"}', 'bus: {brokers: "h:9092", partitions: 2}')
+    with pytest.raises(ConfigError, match=r"spec\.bus\.partitions.*outbox"):
+        parse_pipeline(text + "  processors:\n    - {type: outbox, table: public.outbox}\n",
+                       env={})
+    with pytest.raises(ConfigError, match=r"unknown route field \{aggregatetype\}"):
+        parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
+                       "  processors:\n    - {type: outbox, table: public.outbox, "
+                       "route: 'events.{aggregatetype}'}\n", env={})
+    spec = parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
+                          "  processors:\n    - {type: outbox, table: public.outbox}\n", env={})
+    assert spec.spec.processors[0].route == "outbox.event.{routedByValue}"

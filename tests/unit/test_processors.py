@@ -76,3 +76,52 @@ def test_a_chain_refuses_what_its_evaluator_cannot_run_naming_the_field():
     with pytest.raises(ConfigError, match=r"^spec\.processors\[1\]\.set\.v: not supported by "
                                           r"the processor evaluator .*NOSUCH"):
         ProcessorChain([RouteProcessor(type="route", to="x"), unchecked])
+
+
+def outbox_row(i: int, op: int = Op.OP_INSERT, aggregate: str = "Order", table: str = "outbox"
+               ) -> ChangeEvent:
+    from tailrace.events._values import Json
+
+    row = Row(columns=[
+        Column(name="id", value=value_of(f"evt-{i}")),
+        Column(name="aggregatetype", value=value_of(aggregate)),
+        Column(name="aggregateid", value=value_of(100 + i % 2)),
+        Column(name="type", value=value_of("OrderCreated")),
+        Column(name="payload", value=value_of(Json(f'{{"n": {i}}}')) if i else value_of(None))])
+    e = ChangeEvent(database="shop", schema="public", table=table, op=op)
+    (e.before if op == Op.OP_DELETE else e.after).CopyFrom(row)
+    return e
+
+
+def test_outbox_inserts_become_their_messages_and_the_rest_of_the_outbox_table_is_dropped():
+    from tailrace.config import OutboxProcessor
+    from tailrace.envelopes import Encoder
+    from tailrace_services.delivery.sinks._common import destination
+
+    chain = ProcessorChain([OutboxProcessor(type="outbox", table="public.outbox",
+                                            additional_fields={"type": "eventType"})])
+    events = [outbox_row(1), outbox_row(2, Op.OP_UPDATE), outbox_row(3, Op.OP_DELETE),
+              outbox_row(4, Op.OP_SNAPSHOT_READ), ev(5), outbox_row(6, aggregate="Odd{x}"),
+              outbox_row(0)]
+    kept, failed = chain.apply(events)
+    assert failed == []
+    assert [(e.table, e.op) for e in kept] == [("outbox", Op.OP_INSERT), ("orders", Op.OP_INSERT),
+                                               ("outbox", Op.OP_INSERT), ("outbox", Op.OP_INSERT)]
+    first, business, odd, null = kept
+    assert destination("cdc.{table}", first) == "outbox.event.Order"
+    assert destination("cdc.{table}", odd) == "outbox.event.Odd{x}", "a value's braces stay"
+    assert destination("cdc.{table}", business) == "cdc.orders", "other tables pass unchanged"
+    [record] = Encoder("native").records(first)
+    assert (record.key, record.value) == (b"101", b'{"n": 1}')
+    assert record.headers == (("id", b"evt-1"), ("eventType", b"OrderCreated"))
+    assert null.outbox.payload == b"null"
+
+
+def test_an_outbox_row_without_the_named_column_fails_alone():
+    from tailrace.config import OutboxProcessor
+
+    chain = ProcessorChain([OutboxProcessor(type="outbox", table="public.outbox",
+                                            key="aggregate_id")])
+    kept, failed = chain.apply([outbox_row(1), ev(2)])
+    assert [e.table for e in kept] == ["orders"]
+    assert "no column 'aggregate_id'" in failed[0][1]

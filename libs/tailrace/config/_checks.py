@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailrace.config._model import PipelineSpec
+from tailrace.config._model import OutboxProcessor, PipelineSpec
 
 __all__ = ["cross_field_problems"]
 
@@ -24,4 +24,15 @@ def cross_field_problems(pipeline: PipelineSpec) -> list[tuple[str, str]]:
         problems.append(("spec.commit_policy.quorum",
                          f"{policy.quorum} can never be met by {len(spec.sinks)} sink(s); set "
                          f"it between 1 and {len(spec.sinks)}"))
+    outbox = [i for i, p in enumerate(spec.processors) if isinstance(p, OutboxProcessor)]
+    if outbox:
+        problems += [(f"spec.sinks[{i}].type",
+                      f"a {sink.type} sink cannot write outbox messages yet (key, payload, "
+                      "headers): with an outbox processor, use kafka sinks")
+                     for i, sink in enumerate(spec.sinks) if sink.type != "kafka"]
+        if spec.bus.partitions > 1:
+            problems.append(("spec.bus.partitions",
+                             f"{spec.bus.partitions} bus partitions shard by the outbox row's "
+                             "key, not the aggregate's, so one aggregate's events could pass "
+                             "each other; use 1 with an outbox processor"))
     return problems

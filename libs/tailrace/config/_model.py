@@ -439,8 +439,45 @@ class RouteProcessor(_Spec):
     _tpl = field_validator("to")(classmethod(lambda cls, v: _check_template(v)))
 
 
+_COLUMN = Annotated[str, Field(min_length=1)]
+
+
+class OutboxProcessor(_Spec):
+    """Debezium's outbox event router: the inserts of the outbox `table` become messages —
+    topic from `route` (`{routedByValue}` is the `route_by` column's value), key the `key`
+    column, value the `payload` column as written, header `id` the `id` column, and each
+    `additional_fields` column as the header it names. The outbox table's updates,
+    deletes and snapshot reads are dropped (an application may delete the row in the
+    same transaction); other tables' events go on unchanged."""
+
+    type: Literal["outbox"]
+    table: TablePattern
+    id: _COLUMN = "id"
+    key: _COLUMN = "aggregateid"
+    route_by: _COLUMN = "aggregatetype"
+    route: Annotated[str, Field(min_length=1)] = "outbox.event.{routedByValue}"
+    payload: _COLUMN = "payload"
+    additional_fields: dict[str, Annotated[str, Field(min_length=1)]] = {}  # column: header
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, value: str) -> str:
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(value)
+                      if name is not None]
+        except ValueError as e:
+            raise ValueError(f"{value!r} is not a route: {e}") from None
+        unknown = [f for f in fields if f != "routedByValue"]
+        if unknown:
+            raise ValueError(f"unknown route field {{{unknown[0]}}}; the one field is "
+                             "{routedByValue}, the route_by column's value (Debezium's "
+                             "${routedByValue})")
+        return value
+
+
 ProcessorSpec = Annotated[
-    FilterProcessor | TransformProcessor | RouteProcessor, Field(discriminator="type")
+    FilterProcessor | TransformProcessor | RouteProcessor | OutboxProcessor,
+    Field(discriminator="type")
 ]
 
 

@@ -12,7 +12,7 @@ from tailrace.events._codec import (
 )
 from tailrace.events._ids import EventIds, event_id, event_ids, idempotency_key
 from tailrace.events._positions import lsn_text, native_position, position_key
-from tailrace.events._values import UNCHANGED_TOAST, python_of, value_of
+from tailrace.events._values import UNCHANGED_TOAST, json_of, python_of, value_of
 from tailrace.proto.event_pb2 import (
     BusRecord,
     ChangeEvent,
@@ -46,6 +46,7 @@ __all__ = [
     "event_json",
     "event_to_json_dict",
     "idempotency_key",
+    "json_of",
     "key_bytes",
     "key_values",
     "lsn_text",

@@ -86,7 +86,7 @@ def record_headers(event: ChangeEvent, record: Record, content_type: str
     fields = headers(event, content_type)
     if record.part:
         fields["tailrace-idempotency-key"] += f"|{record.part}"
-    if record.value is None:
+    if record.value is None or event.HasField("outbox"):  # none, or the application's own
         del fields["content-type"]
     return [(k, v.encode()) for k, v in fields.items()] + list(record.headers)
 
