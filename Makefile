@@ -8,7 +8,9 @@ GEN    := libs/tailrace/proto/control_pb2.py
 
 .PHONY: setup run test test-fast lint protos secrets clean
 
-setup: $(STAMP) $(GEN)
+CDS    := $(VENV)/share/tailrace/spark-driver.jsa
+
+setup: $(STAMP) $(GEN) $(CDS)
 
 $(STAMP): pyproject.toml setup.py libs/tailrace/events/_cwire.c libs/tailrace/events/_cjson.c libs/tailrace/events/_cbuf.h tools/install_system_deps.sh
 	bash tools/install_system_deps.sh
@@ -19,6 +21,10 @@ $(STAMP): pyproject.toml setup.py libs/tailrace/events/_cwire.c libs/tailrace/ev
 
 $(GEN): $(PROTOS) tools/gen_protos.py $(STAMP)
 	$(PY) tools/gen_protos.py
+
+## The delivery driver JVM's class-data archive: every Spark start ~3-4 s sooner.
+$(CDS): $(STAMP) $(GEN)
+	$(VENV)/bin/tailrace-spark archive
 
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py

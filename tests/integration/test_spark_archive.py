@@ -1,0 +1,24 @@
+"""The delivery driver's class-data archive: `make setup` writes it (`tailrace-spark archive`)
+and every Spark session delivery starts maps it (docs/performance.md: ~3-4 s less per start)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailrace_services.delivery.cluster import class_archive, default_archive
+from tailrace_services.delivery.job import spark_session
+
+pytestmark = pytest.mark.integration
+
+
+def test_make_setup_wrote_the_archive_and_delivery_sessions_map_it() -> None:
+    archive = class_archive()
+    assert archive == default_archive(), "make setup runs tailrace-spark archive"
+    spark = spark_session("archive-check", "local[1]")
+    try:
+        runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+        arguments = list(runtime.getInputArguments())
+        assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments
+        assert "sharing" in spark.sparkContext._jvm.java.lang.System.getProperty("java.vm.info")
+    finally:
+        spark.stop()
