@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,11 +32,13 @@ from tailrace.config import control_addresses
 from tailrace.control_tls import SPEC_SETTINGS, ClientTls, ControlTlsError, TlsSettings, diagnose
 from tailrace.errors import ConfigError, NonRetryableError, RetryableError
 from tailrace.links import LINKS
+from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace.proto import control_pb2_grpc as rpc
 from tailrace.proto.event_pb2 import Position
 
 T = TypeVar("T")
+log = get_logger(__name__)
 _RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
@@ -63,20 +66,32 @@ def split_addresses(address: str | Sequence[str]) -> list[str]:
 
 
 class _Replicas:
-    """A channel per control address; `current` is the one calls go to."""
+    """A channel per control address; `index` is the one calls go to.
+
+    Many threads share a client: each attempt notes the index it used, and `advance` moves
+    on only if no other thread has moved since, so two threads that see the same replica
+    fail skip one replica, not two."""
 
     def __init__(self, addresses: list[str], tls: ClientTls | None) -> None:
         self.addresses = addresses
         self.channels = [grpc.secure_channel(a, tls.credentials()) if tls is not None
                          else grpc.insecure_channel(a) for a in addresses]
         self.index = 0
+        self._lock = threading.Lock()
 
     @property
     def current(self) -> str:
         return self.addresses[self.index]
 
-    def next(self) -> None:
-        self.index = (self.index + 1) % len(self.addresses)
+    def advance(self, failed: int) -> int:
+        """Leave replica `failed` for the next one, unless another thread already left it;
+        the replica to use now."""
+        with self._lock:
+            if self.index == failed:
+                self.index = (failed + 1) % len(self.addresses)
+                log.warning("control replica unavailable; trying the next",
+                            failed=self.addresses[failed], next=self.addresses[self.index])
+            return self.index
 
     def close(self) -> None:
         for channel in self.channels:
@@ -84,15 +99,14 @@ class _Replicas:
 
 
 class _Stub:
-    """A service's stub on whichever replica is current: `stub.Get(...)` looks it up per call."""
+    """A service's stubs, one per replica: `stub.Get(request, replica=i, ...)`."""
 
     def __init__(self, make: Callable[[grpc.Channel], Any], replicas: _Replicas) -> None:
         self._stubs = [make(channel) for channel in replicas.channels]
-        self._replicas = replicas
 
     def __getattr__(self, method: str) -> Any:
-        return lambda *args, **kwargs: getattr(self._stubs[self._replicas.index], method)(
-            *args, **kwargs)
+        return lambda request, replica, **kwargs: getattr(self._stubs[replica], method)(
+            request, **kwargs)
 
 
 class ControlUnavailable(RetryableError):
@@ -239,34 +253,40 @@ class ControlClient:
         delay = 0.1
         next_look = 0.0  # a TLS probe is a connection of its own: at most one every 5 s
         untried = len(self._replicas.addresses) - 1  # replicas to try before backing off
+        replica = self._replicas.index
         while True:
             try:
-                answer = fn(request, timeout=self._timeout, metadata=self._metadata)
+                answer = fn(request, replica=replica, timeout=self._timeout,
+                            metadata=self._metadata)
                 LINKS.ok(self._link)
                 return answer
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
-                message = f"{self._link}: {what} failed: {code.name}: {details}"
+                address = self._replicas.addresses[replica]
+                message = f"control service at {address}: {what} failed: {code.name}: {details}"
                 if code in _REFUSED:
                     LINKS.ok(self._link)  # it answered
                     raise ControlRefused(message, code, details) from None
-                LINKS.failed(self._link, f"{what}: {code.name}: {details}")
+                replicas = len(self._replicas.addresses)
+                LINKS.failed(self._link, f"{what}: {code.name}: {details}"
+                             + (f" (replica {address})" if replicas > 1 else ""))
                 if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() >= next_look:
                     next_look = time.monotonic() + 5.0
-                    mismatch = diagnose(self._replicas.current, details, self._tls,
-                                        self._tls_settings)
+                    mismatch = diagnose(address, details, self._tls, self._tls_settings)
                     if mismatch is not None:
                         raise ControlTlsError(mismatch, code, details) from None
-                if code not in _RETRIED or time.monotonic() > deadline:
+                if code not in _RETRIED:
                     raise ControlUnavailable(message, code, details) from None
-                if untried:  # another replica may answer: go there at once
-                    self._replicas.next()
+                if untried:  # another replica may answer: go there at once, deadline or not
+                    replica = self._replicas.advance(replica)
                     untried -= 1
                     continue
+                if time.monotonic() > deadline:
+                    raise ControlUnavailable(message, code, details) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 if len(self._replicas.addresses) > 1:
-                    self._replicas.next()
+                    replica = self._replicas.advance(replica)
                     untried = len(self._replicas.addresses) - 1
 
     # checkpoints

@@ -101,7 +101,8 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
         conf.pop("spark.driver.extraJavaOptions", "")]))
     builder = (SparkSession.builder.appName(app).master(master)
              .config("spark.driver.extraJavaOptions", driver_java)
-             .config("spark.executor.extraJavaOptions", log4j)
+             .config("spark.executor.extraJavaOptions",  # the file is on this host only
+                     log4j if driver_host == LOOPBACK else "")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "4")

@@ -224,12 +224,17 @@ class _Outbox:
                 except KeyError as e:
                     failures.append((event, f"outbox: the outbox row has no column {e}; "
                                             f"set the processor's column names"))
+                except ValueError as e:
+                    failures.append((event, f"outbox: {e}"))
             # the outbox table's updates, deletes, reads and DDL are not events to send
         return out, failures
 
     def _message(self, event: ChangeEvent) -> ChangeEvent:
         columns = {c.name: c.value for c in event.after.columns}
         spec = self.spec
+        if json_of(columns[spec.route_by]) in (None, ""):
+            raise ValueError(f"the outbox row's {spec.route_by} (route_by) is empty or NULL; "
+                             "it names the topic, so every outbox row needs one")
         routed = _text(columns[spec.route_by])
         headers = [OutboxHeader(name="id", value=_text(columns[spec.id]).encode())]
         headers += [OutboxHeader(name=header, value=_text(columns[column]).encode())

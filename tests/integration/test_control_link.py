@@ -59,3 +59,41 @@ def test_a_client_of_two_replicas_goes_to_the_other_when_one_is_down(tmp_path) -
         client.close()
         for server in servers.values():
             server.stop(0)
+
+
+def test_a_cli_call_tries_the_other_replica_even_with_no_time_to_retry(tmp_path) -> None:
+    """The CLI retries for 2 s with a 10 s timeout: its deadline has passed by the time the
+    first replica's call fails, and it must still try the second before giving up."""
+    from tailrace_services.control.storage import SqliteStorage
+
+    down, up = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    server = serve(SqliteStorage(str(tmp_path / "state.db")), up)
+    client = ControlClient(f"{down},{up}", timeout=1.0, retry_for=0.0)
+    try:
+        client.register_pipeline("p", source_id="pg", sinks=[("s", "redis", True)])
+        assert client.current_address == up
+    finally:
+        client.close()
+        server.stop(0)
+
+
+def test_threads_that_see_one_replica_fail_together_move_on_once(tmp_path) -> None:
+    """Eight threads share a client whose first replica is down: each call lands on the
+    second at once, none bounces back to the first, and the client stays on the second."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tailrace_services.control.storage import SqliteStorage
+
+    down, up = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    server = serve(SqliteStorage(str(tmp_path / "state.db")), up)
+    client = ControlClient(f"{down},{up}", timeout=1.0, retry_for=0.0)
+    try:
+        client.register_pipeline("p", source_id="pg", sinks=[("s", "redis", True)])
+        client._replicas.index = 0  # back on the dead one, as after a restart of the client
+        with ThreadPoolExecutor(8) as pool:
+            states = list(pool.map(lambda _: client.pipeline_state("p")[0], range(32)))
+        assert states == ["running"] * 32
+        assert client.current_address == up
+    finally:
+        client.close()
+        server.stop(0)

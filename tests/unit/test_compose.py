@@ -80,8 +80,36 @@ def test_each_pipeline_spec_loads_with_the_environment_compose_gives(name: str) 
     assert spec.control.addresses == ["control:50051", "control-b:50051"], \
         "both control replicas"
     assert spec.source.snapshot.mode == "initial", "the seeded rows arrive first"
-    for needed in ("kafka", "control", "control-b"):
-        assert SERVICES[name]["depends_on"][needed] == {"condition": "service_healthy"}
+    needs = SERVICES[name]["depends_on"]
+    for needed in ("kafka", "control"):
+        assert needs[needed] == {"condition": "service_healthy"}
+    assert needs["control-b"] == {"condition": "service_started", "required": False}, \
+        "one control replica down must not keep the pipeline from starting"
+    if name.startswith("delivery"):
+        command = SERVICES[name]["command"]
+        assert command[command.index("--driver-host") + 1] == name, \
+            "executors on the worker reach the driver at its service name"
+
+
+def test_make_secrets_leaves_tokens_readable_by_the_image_user(tmp_path: Path) -> None:
+    """A token written 0600 by an older `make secrets` (or by hand) becomes 0644 in the 0700
+    directory: the image's non-root user reads it where compose mounts it."""
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    secrets = tmp_path / "deploy" / "secrets"
+    secrets.mkdir(parents=True)
+    old = secrets / "service.token"
+    old.write_text("an-old-token\n")
+    old.chmod(0o600)
+    subprocess.run(["make", "-s", "secrets"], cwd=tmp_path, check=True, capture_output=True)
+    assert old.read_text() == "an-old-token\n", "kept"
+    for token in ("service.token", "admin.token"):
+        assert (secrets / token).stat().st_mode & 0o777 == 0o644, token
+    assert secrets.stat().st_mode & 0o777 == 0o700
+    for env in ("postgres.env", "control.env", "mysql.env"):
+        assert (secrets / env).stat().st_mode & 0o777 == 0o600, env
 
 
 def test_every_service_named_exists() -> None:

@@ -360,6 +360,11 @@ def test_an_outbox_processor_is_refused_where_it_could_not_do_what_it_says():
         parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
                        "  processors:\n    - {type: outbox, table: public.outbox, "
                        "route: 'events.{aggregatetype}'}\n", env={})
+    for shaped in ("{routedByValue!r}", "{routedByValue:>10}"):
+        with pytest.raises(ConfigError, match=r"takes no format or conversion"):
+            parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
+                           "  processors:\n    - {type: outbox, table: public.outbox, "
+                           f"route: 'events.{shaped}'}}\n", env={})
     spec = parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
                           "  processors:\n    - {type: outbox, table: public.outbox}\n", env={})
     assert spec.spec.processors[0].route == "outbox.event.{routedByValue}"

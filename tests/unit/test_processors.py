@@ -78,7 +78,7 @@ def test_a_chain_refuses_what_its_evaluator_cannot_run_naming_the_field():
         ProcessorChain([RouteProcessor(type="route", to="x"), unchecked])
 
 
-def outbox_row(i: int, op: int = Op.OP_INSERT, aggregate: str = "Order", table: str = "outbox"
+def outbox_row(i: int, op: int = Op.OP_INSERT, aggregate: str | None = "Order", table: str = "outbox"
                ) -> ChangeEvent:
     from tailrace.events._values import Json
 
@@ -125,3 +125,16 @@ def test_an_outbox_row_without_the_named_column_fails_alone():
     kept, failed = chain.apply([outbox_row(1), ev(2)])
     assert [e.table for e in kept] == ["orders"]
     assert "no column 'aggregate_id'" in failed[0][1]
+
+
+@pytest.mark.parametrize("aggregate", [None, ""])
+def test_an_outbox_row_with_no_route_by_value_fails_alone(aggregate):
+    """No topic `outbox.event.`: the row goes to the DLQ with a reason, the rest flows."""
+    from tailrace.config import OutboxProcessor
+
+    chain = ProcessorChain([OutboxProcessor(type="outbox", table="public.outbox")])
+    kept, failed = chain.apply([outbox_row(1, aggregate=aggregate), outbox_row(2), ev(3)])
+    assert [(e.table, e.route) for e in kept] == [("outbox", "outbox.event.Order"),
+                                                  ("orders", "")]
+    [(event, reason)] = failed
+    assert "aggregatetype (route_by) is empty or NULL" in reason

@@ -463,11 +463,15 @@ class OutboxProcessor(_Spec):
     @classmethod
     def _route(cls, value: str) -> str:
         try:
-            fields = [name for _, name, _, _ in string.Formatter().parse(value)
-                      if name is not None]
+            fields = [(name, form, conversion) for _, name, form, conversion
+                      in string.Formatter().parse(value) if name is not None]
         except ValueError as e:
             raise ValueError(f"{value!r} is not a route: {e}") from None
-        unknown = [f for f in fields if f != "routedByValue"]
+        shaped = [name for name, form, conversion in fields if form or conversion]
+        if shaped:
+            raise ValueError(f"{{{shaped[0]}}} takes no format or conversion in a route; "
+                             "write {routedByValue} as it is")
+        unknown = [name for name, _, _ in fields if name != "routedByValue"]
         if unknown:
             raise ValueError(f"unknown route field {{{unknown[0]}}}; the one field is "
                              "{routedByValue}, the route_by column's value (Debezium's "
