@@ -141,9 +141,9 @@ class TlsSpec(_Spec):
     """Paths of PEM files. `ca`: the CA that signed the server's certificate (default: the
     system's trusted CAs); `cert` and `key`: this client's certificate, for mutual TLS."""
 
-    ca: Annotated[str, Field(min_length=1)] | None = None
-    cert: Annotated[str, Field(min_length=1)] | None = None
-    key: Annotated[str, Field(min_length=1)] | None = None
+    ca: Annotated[str, Field(min_length=1)] | None = None  # the CA to trust (a PEM file)
+    cert: Annotated[str, Field(min_length=1)] | None = None  # this client's certificate
+    key: Annotated[str, Field(min_length=1)] | None = None  # its private key (with cert)
 
     @model_validator(mode="after")
     def _pair(self) -> TlsSpec:
@@ -153,8 +153,10 @@ class TlsSpec(_Spec):
 
 
 class Metadata(_Spec):
+    # the pipeline's name: what the CLI and the control service call it, and the default
+    # bus topic, slot and publication (tailrace.<name>, tailrace_<name>)
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=100)]
-    tenant: str = "default"
+    tenant: str = "default"  # stamped on every event; {tenant} in routing templates
 
 
 class SnapshotSpec(_Spec):
@@ -165,6 +167,8 @@ class SnapshotSpec(_Spec):
     # when_needed: as initial, and after a lost position take the server as it is now and
     # read every table again, without waiting for `tailrace resnapshot`
     mode: Literal["never", "initial", "initial_only", "when_needed"] = "never"
+    # rows read per chunk, between a low and a high watermark written through the source's
+    # log; a kill resumes at the first chunk not committed
     chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
     # tables read at once, each by its own connection (one table: one connection, in order)
     parallelism: Annotated[int, Field(ge=1, le=16)] = 2
@@ -190,12 +194,20 @@ class SnapshotSpec(_Spec):
 
 
 class _SourceBase(_Spec):
+    # names the source in the control service (its identity, checkpoints, schemas);
+    # keep it when the server behind it is replaced, so the change is noticed
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-    dsn: SecretStr
-    tables: Annotated[list[TablePattern], Field(min_length=1)]
+    dsn: SecretStr  # how to reach the server (a replication-capable user)
+    tables: Annotated[list[TablePattern], Field(min_length=1)]  # the tables to capture
+    # when a server's identity changed (failover, restore) and its tables' schemas differ
+    # from those registered: adapt records the drift and goes on, halt stops the pipeline
     on_schema_drift: Literal["adapt", "halt"] = "adapt"
-    snapshot: SnapshotSpec = SnapshotSpec()
+    snapshot: SnapshotSpec = SnapshotSpec()  # reading the tables' existing rows
+    # how often, at most, an epoch closes after a transaction: the unit delivery plans its
+    # batches by and checkpoints at (0: after every transaction)
     epoch_ms: Annotated[int, Field(ge=0)] = 200
+    # events of one open transaction held in memory; past it the rest spill to disk, so a
+    # 1 GB transaction needs no 1 GB of memory
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
     # at most every so many ms, the checkpoints may move to where the source's log is while
     # the captured tables are idle and the rest of the server writes; 0: only with captured
@@ -222,8 +234,10 @@ class _SourceBase(_Spec):
 
 class PostgresSourceSpec(_SourceBase):
     type: Literal["postgres"]
-    slot: str | None = None          # default: tailrace_<pipeline>
+    slot: str | None = None          # the logical replication slot; default: tailrace_<pipeline>
     publication: str | None = None   # default: tailrace_<pipeline>
+    # create the slot and the publication when missing; false: a DBA made them, and
+    # capture needs no CREATE rights
     create_slot: bool = True
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_postgres_dsn)))
@@ -238,6 +252,8 @@ class PostgresSourceSpec(_SourceBase):
 
 class MysqlSourceSpec(_SourceBase):
     type: Literal["mysql"]
+    # the replica server_id capture connects with (unique among the server's replicas);
+    # default: one derived from the pipeline's name and the source id
     server_id: Annotated[int, Field(gt=0, lt=2**32)] | None = None
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_mysql_dsn)))
@@ -249,34 +265,38 @@ Envelope = Literal["native", "protobuf", "debezium", "cloudevents"]
 
 
 class _SinkBase(_Spec):
+    # names the sink's checkpoint in the control service: keep it, or the sink starts over
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-    # Under commit_policy `all` or `quorum` every sink counts: `required: false` is refused
-    # there (see _checks.py).
+    # whether a batch commits only once this sink wrote it (commit_policy required); an
+    # optional sink may lag, and be detached past source.max_retained. Under commit_policy
+    # `all` or `quorum` every sink counts: `required: false` is refused there.
     required: bool = True
 
 
 class RedisSinkSpec(_SinkBase):
     type: Literal["redis"]
-    envelope: Envelope = "native"
-    url: SecretStr
-    stream: str = "tailrace.{database}.{table}"
-    maxlen: Annotated[int, Field(gt=0)] | None = None
+    envelope: Envelope = "native"  # how each event is written (README: envelopes)
+    url: SecretStr  # redis:// or rediss://
+    stream: str = "tailrace.{database}.{table}"  # the stream each event is added to
+    maxlen: Annotated[int, Field(gt=0)] | None = None  # trim each stream to about so many entries
 
     _tpl = field_validator("stream")(classmethod(lambda cls, v: _check_template(v)))
 
 
 class KafkaSinkSpec(_SinkBase):
     type: Literal["kafka"]
-    envelope: Envelope = "native"
-    brokers: str
-    topic: str = "cdc.{database}.{table}"
+    envelope: Envelope = "native"  # how each event is written (README: envelopes)
+    brokers: str  # bootstrap servers, host:port[,host:port]
+    topic: str = "cdc.{database}.{table}"  # the topic each event goes to; key: its primary key
+    # write each batch and its checkpoint in one Kafka transaction: a replay after a crash
+    # writes nothing twice for read_committed consumers
     exactly_once: bool = False
     checkpoint_topic: str | None = None  # default __tailrace_checkpoints (compacted)
     client_config: SinkClientSettings = {}  # extra librdkafka settings (SASL, TLS, ...)
     # envelope: debezium only, with Debezium's defaults: JsonConverter `schemas.enable`
     # (key and value as {"schema", "payload"}) and `tombstones.on.delete`
     schemas_enable: bool = True
-    tombstones_on_delete: bool = True
+    tombstones_on_delete: bool = True  # envelope debezium: a delete is followed by a null record
 
     _tpl = field_validator("topic")(classmethod(lambda cls, v: _check_template(v)))
 
@@ -300,12 +320,14 @@ class KafkaSinkSpec(_SinkBase):
 
 class NatsSinkSpec(_SinkBase):
     type: Literal["nats"]
-    envelope: Envelope = "native"
+    envelope: Envelope = "native"  # how each event is written (README: envelopes)
     url: SecretStr  # nats://, or tls:// for TLS with the system's CAs
     tls: TlsSpec | None = None      # TLS with this CA and/or a client certificate
     credentials: str | None = None  # a .creds file (user JWT and NKey seed)
-    subject: str = "cdc.{database}.{table}"
-    stream: str = "TAILRACE"
+    subject: str = "cdc.{database}.{table}"  # the subject each event is published on
+    stream: str = "TAILRACE"  # the JetStream stream that holds the subjects (made if missing)
+    # the stream's de-duplication window (raised to it if shorter): a replay within it
+    # is stored once, by the event's idempotency key
     duplicate_window_s: Annotated[float, Field(gt=0)] = 120.0
 
     _tpl = field_validator("subject")(classmethod(lambda cls, v: _check_template(v)))
@@ -313,8 +335,8 @@ class NatsSinkSpec(_SinkBase):
 
 class PostgresSinkSpec(_SinkBase):
     type: Literal["postgres"]
-    dsn: SecretStr
-    table: str = "{table}"
+    dsn: SecretStr  # the target database
+    table: str = "{table}"  # the target table each source table's rows are upserted into
     follow_ddl: bool = False  # add columns that appear in the source to the target table
     envelope: None = None  # only to say why it is refused: rows are written, not envelopes
 
@@ -335,8 +357,10 @@ SinkSpec = Annotated[
 
 
 class BusSpec(_Spec):
-    brokers: str
+    brokers: str  # the internal Kafka-protocol broker, host:port[,host:port]
     topic: str | None = None  # default: tailrace.<pipeline>
+    # the bus topic's partitions, by primary key: each micro-batch gets so many Spark tasks
+    # (order per key holds; a source transaction is atomic per partition)
     partitions: Annotated[int, Field(ge=1, le=1024)] = 1
     client_config: BusClientSettings = {}  # extra librdkafka settings (SASL, TLS, ...)
 
@@ -361,9 +385,9 @@ class ControlSpec(_Spec):
     control service, or replicas on one PostgreSQL storage (`host1:port,host2:port` or a
     list): capture and delivery go to the next when one does not answer."""
 
-    address: str = "127.0.0.1:50051"
-    token_file: Annotated[str, Field(min_length=1)] | None = None
-    tls: TlsSpec | None = None
+    address: str = "127.0.0.1:50051"  # host:port, or replicas host1:port,host2:port
+    token_file: Annotated[str, Field(min_length=1)] | None = None  # a file holding the token
+    tls: TlsSpec | None = None  # talk TLS to the control service (mutual with cert and key)
 
     @field_validator("address", mode="before")
     @classmethod
@@ -391,8 +415,10 @@ MIN_BATCH_MS = 100  # the shortest micro-batch interval delivery runs
 
 class BatchSpec(_Spec):
     max_events: Annotated[int, Field(gt=0)] = 20_000  # per micro-batch and per sink write
+    # per sink write; a transaction larger than the limits still goes whole, alone
     max_bytes: Annotated[int, BeforeValidator(parse_size), Field(gt=0)] = 4 * 1024 * 1024
     max_ms: int = MIN_BATCH_MS  # the micro-batch interval
+    # a sink write holds whole source transactions (false: it may split one)
     respect_source_tx: bool = True
     max_inflight: int = 1  # only 1 for now: accepted so a spec written for later keeps working
 
@@ -415,26 +441,33 @@ class BatchSpec(_Spec):
 
 
 class QuorumPolicy(_Spec):
-    quorum: Annotated[int, Field(ge=1)]
+    quorum: Annotated[int, Field(ge=1)]  # a batch commits once so many sinks wrote it
 
 
 class FilterProcessor(_Spec):
+    """Keeps the events that pass every condition given; the others are not sent."""
+
     type: Literal["filter"]
-    where: Condition | None = None
+    where: Condition | None = None  # a Spark SQL condition on the row's columns
+    # these operations only (read: a snapshot's rows)
     ops: list[Literal["insert", "update", "delete", "ddl", "truncate", "read"]] | None = None
-    tables: list[TablePattern] | None = None
+    tables: list[TablePattern] | None = None  # these tables only
 
 
 class TransformProcessor(_Spec):
+    """Changes each event's row: computed columns, then dropped ones, then renamed ones."""
+
     type: Literal["transform"]
-    set: dict[str, Computed] = {}
-    drop: list[str] = []
-    rename: dict[str, str] = {}
+    set: dict[str, Computed] = {}  # column: a Spark SQL expression of the row's columns
+    drop: list[str] = []  # columns to leave out (a secret, a large blob)
+    rename: dict[str, str] = {}  # old name: new name
 
 
 class RouteProcessor(_Spec):
+    """Sends each event to the destination `to` names instead of the sink's own template."""
+
     type: Literal["route"]
-    to: str
+    to: str  # a topic, stream, subject or table template
 
     _tpl = field_validator("to")(classmethod(lambda cls, v: _check_template(v)))
 
@@ -451,12 +484,12 @@ class OutboxProcessor(_Spec):
     same transaction); other tables' events go on unchanged."""
 
     type: Literal["outbox"]
-    table: TablePattern
-    id: _COLUMN = "id"
-    key: _COLUMN = "aggregateid"
-    route_by: _COLUMN = "aggregatetype"
-    route: Annotated[str, Field(min_length=1)] = "outbox.event.{routedByValue}"
-    payload: _COLUMN = "payload"
+    table: TablePattern  # the outbox table
+    id: _COLUMN = "id"  # the column sent as header `id`
+    key: _COLUMN = "aggregateid"  # the column that keys the message (order per aggregate)
+    route_by: _COLUMN = "aggregatetype"  # the column whose value fills {routedByValue}
+    route: Annotated[str, Field(min_length=1)] = "outbox.event.{routedByValue}"  # the topic
+    payload: _COLUMN = "payload"  # the column sent as the message's value, as written
     additional_fields: dict[str, Annotated[str, Field(min_length=1)]] = {}  # column: header
 
     @field_validator("route")
@@ -486,21 +519,29 @@ ProcessorSpec = Annotated[
 
 
 class JournalSpec(_Spec):
+    """The dead-letter queue: events no sink accepts wait here (`tailrace dlq`)."""
+
+    # on: an event that fails alone (a processor's error, a value a sink refuses) goes to
+    # the journal and the rest flows; off: such an event fails its batch
     enabled: bool = False
-    max_entries: Annotated[int, Field(gt=0)] = 10_000
-    ttl: Duration = timedelta(days=7)  # `7d`, `12h`, `30m`, ...
+    max_entries: Annotated[int, Field(gt=0)] = 10_000  # entries kept per pipeline
+    ttl: Duration = timedelta(days=7)  # how long an entry is kept: `7d`, `12h`, `30m`, ...
+    # when full: drop_oldest makes room; reject refuses what does not fit, block stores what
+    # fits: either way delivery retries the batch until `tailrace dlq` purges or replays
     overflow: Literal["drop_oldest", "reject", "block"] = "drop_oldest"
 
 
 class Spec(_Spec):
-    source: SourceSpec
-    sinks: Annotated[list[SinkSpec], Field(min_length=1)]
-    bus: BusSpec
-    control: ControlSpec = ControlSpec()
-    processors: list[ProcessorSpec] = []
-    batch: BatchSpec = BatchSpec()
+    source: SourceSpec  # the database to capture
+    sinks: Annotated[list[SinkSpec], Field(min_length=1)]  # where the changes go
+    bus: BusSpec  # the internal topic between capture and delivery
+    control: ControlSpec = ControlSpec()  # the control service
+    processors: list[ProcessorSpec] = []  # applied in order, per batch, before the sinks
+    batch: BatchSpec = BatchSpec()  # delivery's micro-batches
+    # when a batch counts as delivered: required (every required sink wrote it), all, or
+    # {quorum: N}
     commit_policy: Literal["required", "all"] | QuorumPolicy = "required"
-    journal: JournalSpec = JournalSpec()
+    journal: JournalSpec = JournalSpec()  # the dead-letter queue
 
     @field_validator("sinks")
     @classmethod
@@ -513,10 +554,12 @@ class Spec(_Spec):
 
 
 class PipelineSpec(_Spec):
+    """A pipeline: one source, its sinks, and how changes get from one to the others."""
+
     apiVersion: Literal["tailrace/v1"]  # noqa: N815 - the YAML field name
-    kind: Literal["Pipeline"]
-    metadata: Metadata
-    spec: Spec
+    kind: Literal["Pipeline"]  # with apiVersion: what this file is
+    metadata: Metadata  # its name and tenant
+    spec: Spec  # what it does
 
     @property
     def name(self) -> str:
