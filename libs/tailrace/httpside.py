@@ -6,7 +6,9 @@
 - `/ready`: 200 `ready` once the service can do its job, 503 before, and while it cannot
   now: with `{"status": "not ready", "reason": ...}` when it can say why (a link that is
   cut, `tailrace.links`);
-- `/metrics`: Prometheus text from the default registry.
+- `/metrics`: Prometheus text from the default registry;
+- any other path, and POST/PUT/DELETE, to the service's own `routes` if it gives them (the
+  control service's schema registry API), else 404.
 
 It runs in a background thread; `start_http_side(0, ...)` picks a free port (`.port`).
 """
@@ -19,6 +21,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
+from urllib.parse import parse_qsl
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -29,6 +32,23 @@ log = get_logger(__name__)
 
 class ThreadingHTTPServer6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
+
+
+class Request(NamedTuple):
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+Routes = Callable[[Request], Response | None]  # None: not one of its paths
 
 
 class Health(NamedTuple):
@@ -63,14 +83,50 @@ class HttpSide:
 
 def start_http_side(port: int, health: Callable[[], tuple[bool, str] | Health],
                     ready: Callable[[], bool | tuple[bool, str]],
-                    host: str = "127.0.0.1") -> HttpSide:
+                    host: str = "127.0.0.1", routes: Routes | None = None) -> HttpSide:
     """Serve /health, /ready and /metrics on `host:port` (0 = a free port) in a thread.
-    `health` answers `(ok, reason)` or a `Health`; `ready` a bool or `(ready, reason)`."""
+    `health` answers `(ok, reason)` or a `Health`; `ready` a bool or `(ready, reason)`;
+    `routes` answers the rest of the paths it knows."""
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: registry clients make many small calls
+
+        def _routed(self, method: str) -> bool:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""  # read even if unused: keep-alive
+            if routes is None:
+                return False
+            path, _, query = self.path.partition("?")
+            answer = routes(Request(method, path, dict(parse_qsl(query)),
+                                    {k.lower(): v for k, v in self.headers.items()}, body))
+            if answer is None:
+                return False
+            self._send(answer.status, answer.body, answer.content_type)
+            return True
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self._write("POST")
+
+        def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+            self._write("PUT")
+
+        def do_DELETE(self) -> None:  # noqa: N802 - http.server's name
+            self._write("DELETE")
+
+        def _write(self, method: str) -> None:
+            try:
+                if not self._routed(method):
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+            except Exception as e:
+                log.exception("http side request failed", method=method, path=self.path)
+                self._send(500, json.dumps({"error_code": 50001, "message": redact(str(e))})
+                           .encode(), "application/json")
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             path = self.path.split("?", 1)[0]
             try:
+                if path not in ("/health", "/ready", "/metrics") and self._routed("GET"):
+                    return
                 if path == "/health":
                     answer = Health(*health())
                     if answer.ok:

@@ -19,9 +19,11 @@ from tailrace.stopping import call_on_stop_signals
 from tailrace_services.control.audit import DEFAULT_KEEP
 from tailrace_services.control.auth import AuthPolicy
 from tailrace_services.control.metrics import register_pipeline_metrics
+from tailrace_services.control.registry_http import registry_routes
 from tailrace_services.control.roles import RoleTableError
 from tailrace_services.control.server import ServerTls, serve
 from tailrace_services.control.storage import StorageUnavailable, open_storage
+from tailrace_services.control.subjects import Subjects
 from tailrace_services.control.tokens import load_tokens
 
 
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     host = args.listen.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
     side = None
     if args.http_port is not None:
-        side = start_http_side(int(args.http_port), server.check, server.ready, host=host)
+        side = start_http_side(int(args.http_port), server.check, server.ready, host=host,
+                               routes=registry_routes(Subjects(server.storage), auth))
         register_pipeline_metrics(server.storage, server.health)  # state gauge, sink lag
     log.info("control service listening", address=args.listen, port=server.port,
              storage=args.storage.split("://")[0], tls=tls is not None,
