@@ -269,7 +269,8 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
              partitions: int = 1, control: str = "", control_args: tuple[str, ...] = (),
              source: str = "", brokers: str = "", source_type: str = "postgres",
              dsn: str = "") -> RunningPipeline:
-        """`sink`: a YAML flow mapping replacing the default Redis sink; `control`: more
+        """`sink`: a YAML flow mapping replacing the default Redis sink (`@SERVICE_TOKEN_FILE@`
+        in it: the path of the service token); `control`: more
         fields of spec.control (`tls: {...}`), `control_args`: more arguments for control;
         `source`: more fields of spec.source, one YAML line each (`snapshot: {...}`);
         `brokers`: another bus than the session's broker (one the test restarts);
@@ -282,8 +283,9 @@ def pg_redis_pipeline(tmp_path: Path, pg_db: str, kafka_broker: Any, redis_serve
         spec_path.write_text(SPEC_TEMPLATE.format(
             name=name, tenant="acme", source_id=f"src-{name}", dsn=dsn or pg_db,
             source_type=source_type, tables=tables,
-            sink=sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
-                              f'stream: "{stream}"}}',
+            sink=(sink or f'{{id: redis1, type: redis, url: "{redis_server.url}", '
+                          f'stream: "{stream}"}}').replace("@SERVICE_TOKEN_FILE@",
+                                                            str(service_token)),
             brokers=brokers or kafka_broker.bootstrap, control_port=control_port, batch=batch,
             partitions=partitions, token_file=service_token,
             control_extra=f", {control}" if control else "",

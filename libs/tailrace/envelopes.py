@@ -66,11 +66,18 @@ __all__ = [
     "ENVELOPES",
     "EnvelopeName",
     "Encoder",
+    "UNAVAILABLE",
     "Record",
+    "as_op",
     "changes_key",
     "cloudevent",
     "debezium",
+    "debezium_connector",
     "debezium_key",
+    "debezium_op",
+    "debezium_source",
+    "debezium_source_fields",
+    "debezium_transaction",
     "encode",
 ]
 
@@ -191,6 +198,11 @@ def changes_key(event: ChangeEvent) -> bool:
     return len(old) == len(new) == len(keys) and old != new
 
 
+def as_op(event: ChangeEvent, op: Op) -> ChangeEvent:
+    """A copy of `event` as a delete (before-image only) or a create (after-image only)."""
+    return _as_op(event, op)
+
+
 def _as_op(event: ChangeEvent, op: Op) -> ChangeEvent:
     """A copy of `event` as a delete (before-image only) or a create (after-image only)."""
     part = ChangeEvent()
@@ -263,24 +275,30 @@ def _debezium_bytes(event: ChangeEvent, data_collection_order: int,
 
 
 def _payload(event: ChangeEvent, data_collection_order: int) -> dict[str, Any]:
-    kind = _connector(event)
     ts_us = event.ts_captured_micros or event.ts_source_micros
-    tx_id = f"{event.tx_id}:{event.position.postgres.commit_lsn}" if kind == "postgresql" \
-        else (event.position.mysql.gtid or event.tx_id)
     return {
         "before": _values(event.before),
         "after": _values(event.after),
         "source": _source(event),
-        "op": _DEBEZIUM_OPS.get(event.op, "u"),
+        "op": debezium_op(event),
         "ts_ms": ts_us // 1000,
         "ts_us": ts_us,
         "ts_ns": ts_us * 1000,
-        "transaction": {
-            "id": tx_id,
-            "total_order": event.tx_index + 1,
-            "data_collection_order": data_collection_order,
-        },
+        "transaction": debezium_transaction(event, data_collection_order),
     }
+
+
+def debezium_op(event: ChangeEvent) -> str:
+    """Debezium's `op`: c, u, d, r or t."""
+    return _DEBEZIUM_OPS.get(event.op, "u")
+
+
+def debezium_transaction(event: ChangeEvent, data_collection_order: int) -> dict[str, Any]:
+    """Debezium's `transaction` block."""
+    tx_id = f"{event.tx_id}:{event.position.postgres.commit_lsn}" \
+        if _connector(event) == "postgresql" else (event.position.mysql.gtid or event.tx_id)
+    return {"id": tx_id, "total_order": event.tx_index + 1,
+            "data_collection_order": data_collection_order}
 
 
 def debezium_key(event: ChangeEvent, *, with_schema: bool = True) -> dict[str, Any]:
@@ -360,6 +378,17 @@ def _envelope_schema(event: ChangeEvent) -> tuple[dict[str, Any], bytes]:
 _MARIADB_GTID: Final = re.compile(r"\d+-\d+-\d+")
 
 
+def debezium_connector(event: ChangeEvent) -> str:
+    """postgresql, mysql or mariadb: the connector Debezium would name in `source`."""
+    return _connector(event)
+
+
+def debezium_source_fields(connector: str) -> list[tuple[str, str, bool]]:
+    """`source`'s fields for `connector` as (name, Connect type, optional)."""
+    return _SOURCE_FIELDS["common"] + _SOURCE_FIELDS[
+        "postgresql" if connector == "postgresql" else "mysql"]
+
+
 def _connector(event: ChangeEvent) -> str:
     if event.position.WhichOneof("native") == "postgres":
         return "postgresql"
@@ -379,6 +408,11 @@ _SOURCE_FIELDS: Final[dict[str, list[tuple[str, str, bool]]]] = {
         ("file", "string", False), ("pos", "int64", False), ("row", "int32", False),
         ("thread", "int64", True), ("query", "string", True)],
 }
+
+
+def debezium_source(event: ChangeEvent) -> dict[str, Any]:
+    """Debezium's `source` block for the event's connector."""
+    return _source(event)
 
 
 def _source(event: ChangeEvent) -> dict[str, Any]:
@@ -415,8 +449,7 @@ def _source(event: ChangeEvent) -> dict[str, Any]:
 
 @functools.cache
 def _source_schema(connector: str) -> dict[str, Any]:
-    fields = _SOURCE_FIELDS["common"] + _SOURCE_FIELDS[
-        "postgresql" if connector == "postgresql" else "mysql"]
+    fields = debezium_source_fields(connector)
     return {"type": "struct", "optional": False,
             "name": f"io.debezium.connector.{connector}.Source",
             "fields": [{"type": t, "optional": opt, "field": f} for f, t, opt in fields]}

@@ -368,3 +368,32 @@ def test_an_outbox_processor_is_refused_where_it_could_not_do_what_it_says():
     spec = parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
                           "  processors:\n    - {type: outbox, table: public.outbox}\n", env={})
     assert spec.spec.processors[0].route == "outbox.event.{routedByValue}"
+
+
+@pytest.mark.parametrize(("sink", "problem"), [
+    ("{id: k, type: kafka, brokers: b, format: protobuf}", "format protobuf is not built yet"),
+    ("{id: k, type: kafka, brokers: b, format: json_schema}", "format json_schema is not built"),
+    ("{id: k, type: kafka, brokers: b, format: avro, schema_registry: {url: 'http://r:1'}}",
+     "set envelope: debezium"),
+    ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium}",
+     "format avro needs schema_registry"),
+    ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, schemas_enable: true, "
+     "schema_registry: {url: 'http://r:1'}}", "schemas_enable is for JSON"),
+    ("{id: k, type: kafka, brokers: b, schema_registry: {url: 'http://r:1'}}",
+     "schema_registry is for format avro"),
+    ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, schema_registry: "
+     "{url: 'http://r:1', token_file: t, basic_auth_user_info: 'u:p'}}", "not both"),
+    ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, schema_registry: "
+     "{url: 'r:1'}}", "schema_registry.url"),
+])
+def test_a_kafka_format_that_could_not_work_is_refused_naming_the_field(sink, problem) -> None:
+    problems = problems_of("", sinks=f"    - {sink}\n")
+    assert any(problem in p and "spec.sinks[1]" in p for p in problems), problems
+
+
+def test_format_avro_with_a_registry_loads() -> None:
+    text = BASE.replace('{id: r1, type: redis, url: "redis://h"}',
+                        "{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, "
+                        "schema_registry: {url: 'http://control:8081', token_file: /t}}")
+    [sink] = parse_pipeline(text, env={}).spec.sinks
+    assert (sink.format, sink.schema_registry.url) == ("avro", "http://control:8081")

@@ -283,6 +283,24 @@ class RedisSinkSpec(_SinkBase):
     _tpl = field_validator("stream")(classmethod(lambda cls, v: _check_template(v)))
 
 
+class SchemaRegistrySpec(_Spec):
+    """A Confluent-compatible schema registry: the control service's HTTP side
+    (`tailrace-control --http-port`) or any other."""
+
+    url: Annotated[str, Field(pattern=r"^https?://[^/\s]+")]  # http(s)://host:port
+    # a file holding the token sent as `Authorization: Bearer` (the control service's
+    # registry takes the service token)
+    token_file: Annotated[str, Field(min_length=1)] | None = None
+    # user:password for basic auth (another registry; Confluent Cloud's key:secret)
+    basic_auth_user_info: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Self:
+        if self.token_file and self.basic_auth_user_info is not None:
+            raise ValueError("give token_file or basic_auth_user_info, not both")
+        return self
+
+
 class KafkaSinkSpec(_SinkBase):
     type: Literal["kafka"]
     envelope: Envelope = "native"  # how each event is written (README: envelopes)
@@ -297,6 +315,11 @@ class KafkaSinkSpec(_SinkBase):
     # (key and value as {"schema", "payload"}) and `tombstones.on.delete`
     schemas_enable: bool = True
     tombstones_on_delete: bool = True  # envelope debezium: a delete is followed by a null record
+    # json: the envelope as JSON (or protobuf) text; avro: Debezium's change event in Avro,
+    # Confluent's wire format, its schemas registered in schema_registry (needs envelope:
+    # debezium). protobuf and json_schema are not built yet and are refused
+    format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
+    schema_registry: SchemaRegistrySpec | None = None  # where format avro registers schemas
 
     _tpl = field_validator("topic")(classmethod(lambda cls, v: _check_template(v)))
 
@@ -307,6 +330,26 @@ class KafkaSinkSpec(_SinkBase):
             raise ValueError("applies to exactly_once: true only (the checkpoint is written "
                              "in the Kafka transaction); remove it or set exactly_once: true")
         return value
+
+    @model_validator(mode="after")
+    def _format(self) -> Self:
+        if self.format in ("protobuf", "json_schema"):
+            raise ValueError(f"format {self.format} is not built yet; use format avro (or "
+                             "json)")
+        if self.format == "avro":
+            if self.envelope != "debezium":
+                raise ValueError("format avro writes Debezium's change event in Avro: set "
+                                 "envelope: debezium")
+            if "schemas_enable" in self.model_fields_set:
+                raise ValueError("schemas_enable is for JSON (the schema travels in the "
+                                 "registry with format avro); remove it")
+            if self.schema_registry is None:
+                raise ValueError("format avro needs schema_registry: {url: ...}, the control "
+                                 "service's HTTP side (tailrace-control --http-port) or "
+                                 "another Confluent-compatible registry")
+        elif self.schema_registry is not None:
+            raise ValueError("schema_registry is for format avro; remove it or set format: avro")
+        return self
 
     @field_validator("schemas_enable", "tombstones_on_delete")
     @classmethod

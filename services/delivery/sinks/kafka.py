@@ -40,6 +40,11 @@ from tailrace.envelopes import Encoder, Record
 from tailrace.errors import ConfigError, FatalError, NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Op, Position
 from tailrace.logs import get_logger, kafka_logger, redact
+from tailrace_services.delivery.sinks._avro import (
+    AvroEncoder,
+    SchemaRegistryClient,
+    registry_client,
+)
 from tailrace_services.delivery.sinks._common import (
     checkpoint_name,
     describe,
@@ -129,6 +134,7 @@ class KafkaSink(Sink):
         self._keyless: set[tuple[str, str, str]] = set()  # tables already warned about
         self._debezium = {"schemas": spec.schemas_enable, "tombstones": spec.tombstones_on_delete
                           } if spec.envelope == "debezium" else {}
+        self._registry: SchemaRegistryClient | None = None  # format avro
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -206,7 +212,7 @@ class KafkaSink(Sink):
         """Route and encode `events[i]` for each index, into its messages; the ones that
         cannot be, or are too large, fail alone (a PerEventError naming them, before
         anything is sent)."""
-        encoder = Encoder(self._spec.envelope, **self._debezium)
+        encoder = self._encoder()
         messages: dict[int, list[Message]] = {}
         failures: list[tuple[int, str]] = []
         for i in indexes:
@@ -220,7 +226,7 @@ class KafkaSink(Sink):
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
                 continue
-            size = max(m.size for m in msgs)
+            size = max((m.size for m in msgs), default=0)  # none: a DDL event in Avro
             if size > self._max_bytes:
                 failures.append((i, f"message too large: {size} bytes > message.max.bytes "
                                     f"{self._max_bytes}"))
@@ -229,6 +235,16 @@ class KafkaSink(Sink):
             raise PerEventError(f"kafka sink {self.id}: {len(failures)} event(s) cannot be "
                                 f"written; first: {failures[0][1]}", failures)
         return messages
+
+    def _encoder(self) -> Encoder | AvroEncoder:
+        """A new one per batch (it counts `data_collection_order`); Avro's registry client
+        and its ids are kept for the sink's life."""
+        if self._spec.format != "avro":
+            return Encoder(self._spec.envelope, **self._debezium)
+        if self._registry is None:
+            self._registry = registry_client(self._spec)
+        return AvroEncoder(self._spec, self._registry,
+                           lambda event: destination(self._spec.topic, event))
 
     def _warn_keyless(self, event: ChangeEvent) -> None:
         table = (event.database, event.schema, event.table)
