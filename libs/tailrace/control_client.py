@@ -227,6 +227,7 @@ class ControlClient:
         self._audit = cast(rpc.AuditStub, _Stub(rpc.AuditStub, self._replicas))
         self._snapshots = cast(rpc.SnapshotsStub, _Stub(rpc.SnapshotsStub, self._replicas))
         self._leases = cast(rpc.LeasesStub, _Stub(rpc.LeasesStub, self._replicas))
+        self._specs = cast(rpc.SpecsStub, _Stub(rpc.SpecsStub, self._replicas))
         self.capture_generation = 0  # stamped on recorded epochs: the lease that fences them
         self._timeout = timeout
         self._retry_for = retry_for
@@ -288,6 +289,31 @@ class ControlClient:
                 if len(self._replicas.addresses) > 1:
                     replica = self._replicas.advance(replica)
                     untried = len(self._replicas.addresses) - 1
+
+    # pipeline specs
+    def apply_spec(self, text: str, dry_run: bool = False) -> pb.ApplySpecResponse:
+        """Store `text` as its pipeline's next spec version (unless it is the current one);
+        with `dry_run`, only validate it and show the diff."""
+        answer: pb.ApplySpecResponse = self._call(
+            "apply spec", self._specs.Apply, pb.ApplySpecRequest(text=text, dry_run=dry_run))
+        return answer
+
+    def get_spec(self, name: str, version: int = 0) -> pb.SpecVersion:
+        answer: pb.SpecVersion = self._call("get spec", self._specs.Get,
+                                            pb.SpecRef(name=name, version=version))
+        return answer
+
+    def list_specs(self) -> list[pb.SpecVersion]:
+        return list(self._call("list specs", self._specs.List, pb.ListSpecsRequest()).specs)
+
+    def spec_history(self, name: str) -> list[pb.SpecVersion]:
+        return list(self._call("spec history", self._specs.History,
+                               pb.SpecRef(name=name)).versions)
+
+    def delete_spec(self, name: str, confirm: str) -> pb.SpecVersion:
+        answer: pb.SpecVersion = self._call("delete spec", self._specs.Delete,
+                                            pb.DeleteSpecRequest(name=name, confirm=confirm))
+        return answer
 
     # checkpoints
     def get_checkpoint(self, source_id: str, sink_id: str) -> pb.Checkpoint | None:

@@ -1,4 +1,5 @@
-"""`tailrace pipelines|checkpoints|...|audit|snapshot|resnapshot`: the admin client.
+"""`tailrace pipelines|checkpoints|...|audit|snapshot|resnapshot|apply|get|diff|delete`: the
+admin client.
 
 Each command talks gRPC to the control service (`--control`, default $TAILRACE_CONTROL or
 127.0.0.1:50051) with the admin token (`--token-file`, default $TAILRACE_ADMIN_TOKEN) and
@@ -19,7 +20,7 @@ from tailrace.errors import ConfigError
 from tailrace.events import native_position
 from tailrace.logs import redact
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.cli import audit, snapshot
+from tailrace_services.cli import audit, snapshot, specs
 from tailrace_services.cli.connect import add_credential_options, admin_client
 from tailrace_services.cli.output import print_json, print_table, short, when
 
@@ -84,6 +85,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "(a snapshot brings that)")
     audit.add_command(command)
     snapshot.add_commands(command)
+    specs.add_commands(command)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -305,5 +307,6 @@ _COMMANDS = {"pipelines": _pipelines, "checkpoints": _checkpoints, "schemas": _s
              "drift": _drift, "dlq": _dlq, "pause": _pause, "resume": _resume, "rewind": _rewind,
              "attach": _attach,
              "audit": audit.run_audit, "snapshot": snapshot.run_snapshot,
-             "resnapshot": snapshot.run_resnapshot}
+             "resnapshot": snapshot.run_resnapshot, "apply": specs.run_apply,
+             "diff": specs.run_diff, "get": specs.run_get, "delete": specs.run_delete}
 COMMANDS = tuple(_COMMANDS)  # the subcommands `run` answers

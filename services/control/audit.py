@@ -29,7 +29,7 @@ DEFAULT_KEEP = 10_000
 SUMMARY_MAX = 400
 # request fields never summarized: row data, schema text, server attributes, long lists
 _SKIPPED = frozenset({"event", "entries", "schema_json", "attributes", "drift", "old_identity",
-                      "new_identity"})
+                      "new_identity", "text"})  # text: a spec, maybe with literal secrets
 
 
 def _log_name(role: str) -> str:
@@ -91,8 +91,13 @@ def pipeline_of(request: Message) -> str:
     value: Any = getattr(request, "pipeline", None)  # a string field in the requests that have it
     if isinstance(value, str):
         return value
-    if isinstance(request, pb.PipelineRef | pb.PauseRequest | pb.PipelineInfo):
+    if isinstance(request, pb.PipelineRef | pb.PauseRequest | pb.PipelineInfo |
+                  pb.DeleteSpecRequest | pb.SpecRef):
         return request.name
+    if isinstance(request, pb.ApplySpecRequest):
+        from tailrace_services.control.specs import spec_name
+
+        return spec_name(request.text)
     if isinstance(request, pb.CommitCheckpointRequest):
         return request.checkpoint.pipeline
     return ""

@@ -57,6 +57,8 @@ ACCESS: dict[str, Access] = {
     **_service("tailrace.v1.Audit", List=A),
     **_service("tailrace.v1.Leases", Acquire=S, Release=S),
     **_service("tailrace.v1.Snapshots", Get=R, Update=S, Request=A, Cancel=A, Resnapshot=A),
+    # Apply with dry_run changes nothing, yet shows the spec's diff: the admin's as the rest.
+    **_service("tailrace.v1.Specs", Apply=A, Get=R, List=R, History=R, Delete=A),
     **_service("grpc.health.v1.Health", Check=Access.OPEN, Watch=Access.OPEN),
     **_service("grpc.reflection.v1alpha.ServerReflection", ServerReflectionInfo=R),
     **_service("grpc.reflection.v1.ServerReflection", ServerReflectionInfo=R),

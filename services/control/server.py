@@ -35,11 +35,12 @@ from tailrace_services.control.retention import RetentionGuard
 from tailrace_services.control.roles import RoleTableError, check_methods
 from tailrace_services.control.schemas import SchemaRegistry, SchemasServicer
 from tailrace_services.control.snapshots import SnapshotService, SnapshotsServicer, SnapshotStore
+from tailrace_services.control.specs import SpecsServicer, SpecStore
 from tailrace_services.control.status import RefusalInterceptor
 from tailrace_services.control.storage import Storage
 
 SERVICES = ("Checkpoints", "Epochs", "Commits", "Schemas", "Identities", "DeadLetters", "Admin",
-            "Audit", "Snapshots", "Leases")
+            "Audit", "Snapshots", "Leases", "Specs")
 log = get_logger(__name__)
 
 
@@ -149,6 +150,7 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
     rpc.add_LeasesServicer_to_server(LeasesServicer(LeaseStore(storage)), server)
     rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(SnapshotService(
         SnapshotStore(storage), PipelineRegistry(storage, health_store))), server)
+    rpc.add_SpecsServicer_to_server(SpecsServicer(SpecStore(storage), storage.now_ms), server)
 
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
