@@ -49,7 +49,7 @@ def test_what_each_role_may_do():
     assert ACCESS["/tailrace.v1.Identities/Compare"] == Access.SERVICE, "it stores a first identity"
     assert {m.rsplit("/", 1)[1] for m, a in ACCESS.items() if a == Access.ADMIN} == {
         "Pause", "Resume", "Rewind", "Attach", "Replay", "Ack", "Purge", "List", "Request", "Cancel",
-        "Resnapshot"}
+        "Resnapshot", "Apply", "Delete"}
     assert ACCESS["/tailrace.v1.Audit/List"] == Access.ADMIN
     assert not audited("/tailrace.v1.Audit/List"), "reading the audit log is not a change"
     assert audited("/tailrace.v1.DeadLetters/Replay") and audited("/tailrace.v1.Epochs/Record")
