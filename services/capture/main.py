@@ -1,4 +1,6 @@
 """`tailrace-capture PIPELINE.yaml`: runs the capture service for the spec's source type.
+`tailrace-capture --managed NAME`: the spec the control service keeps for NAME, each new
+version loaded as it is applied (`tailrace apply`; `tailrace.managed`).
 
 Exit codes: 0 stopped by a signal, 1 a fatal error (a lost source position, halted
 schema drift, ...), 2 an invalid spec or source configuration. With `--http-port`
@@ -14,12 +16,18 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tailrace.config import load_pipeline
+from tailrace.config import PipelineSpec, load_pipeline
 from tailrace.control_access import service_client
 from tailrace.errors import ConfigError, FatalError
 from tailrace.events._wire import ACCELERATED
 from tailrace.lease import DEFAULT_TTL_S, Lease
 from tailrace.logs import add_log_options, get_logger, setup_logging
+from tailrace.managed import (
+    ManagedSpec,
+    add_managed_options,
+    managed_spec,
+    wait_until_stopped_or_changed,
+)
 from tailrace.stopping import call_on_stop_signals
 
 if TYPE_CHECKING:
@@ -29,7 +37,7 @@ if TYPE_CHECKING:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace-capture", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pipeline", help="pipeline spec (YAML)")
+    parser.add_argument("pipeline", nargs="?", help="pipeline spec (YAML); or --managed NAME")
     parser.add_argument("--http-port", type=int, default=None,
                         help="serve /health, /ready, /metrics on this port (0 = any free port)")
     parser.add_argument("--exit-on-fatal", action="store_true",
@@ -39,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                              "service this long between renewals; other instances wait as "
                              "standbys and take over when it lapses (0: no lease, for a "
                              "single instance). Default %(default)s")
+    add_managed_options(parser)
     add_log_options(parser)
     return parser
 
@@ -47,12 +56,76 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging("capture", args.log_level, fmt=args.log_format)
     log = get_logger()
+    if args.lease_ttl_s < 0:
+        print("tailrace-capture: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
+        return 2
     try:
-        spec = load_pipeline(args.pipeline)
+        managed = managed_spec(args, "tailrace-capture")
+        spec = load_pipeline(args.pipeline) if managed is None else None
     except ConfigError as e:
         print(f"tailrace-capture: invalid pipeline spec:\n{e}", file=sys.stderr)
         return 2
+    stopped = threading.Event()
+    running: list[CaptureService[Any]] = []  # the run under way (managed: one per version)
 
+    def on_signal() -> None:
+        stopped.set()
+        _stop_all(running)
+
+    call_on_stop_signals(on_signal)
+    side = None
+    if args.http_port is not None:
+        from tailrace.httpside import Health, start_http_side
+
+        side = start_http_side(
+            args.http_port,
+            lambda: running[-1].health if running else Health(True, ""),
+            lambda: running[-1].readiness() if running else (False, "loading the spec"))
+        log.info("http side port", url=side.url)
+    try:
+        if managed is None:
+            assert spec is not None
+            return _run(spec, args, stopped, running, side is not None, None)
+        return _run_managed(managed, args, stopped, running, side is not None)
+    finally:
+        if side is not None:
+            side.stop()
+
+
+def _run_managed(managed: ManagedSpec, args: argparse.Namespace, stopped: threading.Event,
+                 running: list[CaptureService[Any]], serving: bool) -> int:
+    """Each version of the managed spec in turn, until it is deleted or a signal comes."""
+    log = get_logger()
+    try:
+        while not stopped.is_set():
+            try:
+                spec = managed.load()
+            except ConfigError as e:
+                log.error("managed pipeline spec cannot run here", reason=str(e))
+                return 2
+            if spec is None:
+                log.info("managed pipeline spec deleted; capture stops", pipeline=managed.name)
+                return 0
+            managed.watch(lambda: _stop_all(running))
+            code = _run(spec, args, stopped, running, serving, managed)
+            managed.unwatch()
+            if stopped.is_set() or not managed.changed.is_set():
+                return code
+            log.info("loading the new version of the managed spec", pipeline=managed.name)
+        return 0
+    finally:
+        managed.close()
+
+
+def _stop_all(running: list[CaptureService[Any]]) -> None:
+    for capture in running:
+        capture.stop()
+
+
+def _run(spec: PipelineSpec, args: argparse.Namespace, stopped: threading.Event,
+         running: list[CaptureService[Any]], serving: bool, managed: ManagedSpec | None) -> int:
+    """Capture `spec` until it stops; the exit code."""
+    log = get_logger()
     try:
         control = service_client(spec.spec.control)
     except ConfigError as e:
@@ -71,27 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailrace-capture: source type {spec.spec.source.type!r} is not available yet",
               file=sys.stderr)
         return 2
-
-    if args.lease_ttl_s < 0:
-        print("tailrace-capture: --lease-ttl-s must be 0 (no lease) or more", file=sys.stderr)
-        return 2
     if args.lease_ttl_s:
         capture.lease = Lease(control, "capture", spec.spec.source.id, args.lease_ttl_s)
-    stopped = threading.Event()
-
-    def on_signal() -> None:
-        stopped.set()
-        capture.stop()
-
-    call_on_stop_signals(on_signal)
-    side = None
-    if args.http_port is not None:
-        from tailrace.httpside import start_http_side
-
-        side = start_http_side(args.http_port, lambda: capture.health, capture.readiness)
-        log.info("http side port", url=side.url)
-        # a lost position keeps the process up to say why: it waits for `tailrace resnapshot`
+    if serving:  # a lost position keeps the process up to say why: it waits for resnapshot
         capture.lifecycle.wait_for_resnapshot = not args.exit_on_fatal
+    running[:] = [capture]
+    if stopped.is_set():
+        return 0
     log.info("capture starting", pipeline=spec.name, source=spec.spec.source.id,
              type=spec.spec.source.type,
              wire_encoder="C" if ACCELERATED else "pure Python (slower: run `make setup`)")
@@ -99,16 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         capture.run()
     except FatalError as e:
         log.error("capture stopped", reason=str(e))
-        if side is not None and not args.exit_on_fatal:
+        if serving and not args.exit_on_fatal:
             with contextlib.suppress(KeyboardInterrupt):
-                stopped.wait()
+                wait_until_stopped_or_changed(stopped, managed)
         return 1
     except ConfigError as e:
         log.error("capture cannot start", reason=str(e))
         return 2
     finally:
-        if side is not None:
-            side.stop()
         control.close()
     return 0
 

@@ -30,10 +30,12 @@ _RESULT_ARROW = pa.schema([
                                          ("reason", pa.string())]))),
 ])
 
-# Sinks opened by this worker process, reused across batches (Spark reuses Python workers).
-_SINKS: dict[tuple[str, str], Sink] = {}
-# Processor chains (compiled expressions), built once per worker process and pipeline.
-_CHAINS: dict[str, ProcessorChain] = {}
+# Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
+# by pipeline, sink id and the sink's settings: a managed pipeline's new spec version gets
+# new sinks, and the sinks it no longer has are closed.
+_SINKS: dict[tuple[str, str, str], Sink] = {}
+# Processor chains (compiled expressions), built once per worker process and pipeline spec.
+_CHAINS: dict[tuple[str, str], ProcessorChain] = {}
 
 
 def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
@@ -41,8 +43,12 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
     gets none)."""
     out = []
     wanted = set(only)
-    for spec in [s for s in pipeline.spec.sinks if s.id in wanted]:
-        key = (pipeline.name, spec.id)
+    current = {(pipeline.name, s.id, s.model_dump_json()): s for s in pipeline.spec.sinks}
+    for key in [k for k in _SINKS if k[0] == pipeline.name and k not in current]:
+        _SINKS.pop(key).close()  # of an earlier version of the spec
+    for key, spec in current.items():
+        if spec.id not in wanted:
+            continue
         if key not in _SINKS:
             _SINKS[key] = build_sink(spec, pipeline=pipeline.name)  # opened by the fan-out
         out.append(_SINKS[key])
@@ -51,15 +57,19 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
 
 def _end_batch(pipeline: PipelineSpec) -> None:
     """What must not outlive a batch in this worker goes (`Sink.end_batch`)."""
-    for (name, _), sink in _SINKS.items():
+    for (name, _, _), sink in _SINKS.items():
         if name == pipeline.name:
             sink.end_batch()
 
 
 def _chain(pipeline: PipelineSpec) -> ProcessorChain:
-    if pipeline.name not in _CHAINS:
-        _CHAINS[pipeline.name] = ProcessorChain(pipeline.spec.processors)
-    return _CHAINS[pipeline.name]
+    key = (pipeline.name, "[" + ",".join(p.model_dump_json() for p in pipeline.spec.processors)
+           + "]")
+    if key not in _CHAINS:
+        for old in [k for k in _CHAINS if k[0] == pipeline.name]:
+            del _CHAINS[old]
+        _CHAINS[key] = ProcessorChain(pipeline.spec.processors)
+    return _CHAINS[key]
 
 
 def close_sinks(pipeline_name: str) -> None:

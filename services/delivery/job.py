@@ -320,6 +320,7 @@ def run(pipeline: PipelineSpec, master: str = "local[*]", stop_after_s: float | 
         watch.stop()
         if lease is not None:
             lease.release()
+        control.close()  # a managed delivery runs again with a client of its own
     if lease is not None and lease.lost:
         raise FencedError(f"{lease.lost}; this instance stops (started again, it waits as a "
                           "standby)")

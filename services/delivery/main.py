@@ -1,4 +1,6 @@
 """`tailrace-delivery PIPELINE.yaml`: the PySpark job that delivers the bus to the sinks.
+`tailrace-delivery --managed NAME`: the spec the control service keeps for NAME, each new
+version loaded as it is applied, in the same Spark session (`tailrace.managed`).
 
 `/health` is 200 only while the pipeline moves. A non-retryable error of a sink the
 commit policy waits for (a wrong password, a missing privilege, a message too large)
@@ -29,18 +31,28 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
 
-from tailrace.config import load_pipeline
+from tailrace.config import PipelineSpec, load_pipeline
 from tailrace.errors import ConfigError, FatalError, FencedError, NonRetryableError
 from tailrace.lease import DEFAULT_TTL_S
 from tailrace.logs import add_log_options, get_logger, setup_logging
+from tailrace.managed import (
+    ManagedSpec,
+    add_managed_options,
+    managed_spec,
+    wait_until_stopped_or_changed,
+)
 from tailrace.stopping import call_on_stop_signals
+
+if TYPE_CHECKING:
+    from tailrace_services.delivery.health import PipelineHealth
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace-delivery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pipeline", help="pipeline spec (YAML)")
+    parser.add_argument("pipeline", nargs="?", help="pipeline spec (YAML); or --managed NAME")
     parser.add_argument("--master", default="local[*]",
                         help="Spark master (default %(default)s); the package must be importable "
                              "on executors")
@@ -63,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--take-over", action="store_true",
                         help="take the pipeline from the instance that delivers it now, without "
                              "waiting for its lease to lapse (it is fenced and stops)")
+    add_managed_options(parser)
     add_log_options(parser)
     return parser
 
@@ -80,12 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     spark_conf = dict(item.split("=", 1) for item in args.conf)
     log = get_logger()
     try:
-        spec = load_pipeline(args.pipeline)
+        managed = managed_spec(args, "tailrace-delivery")
+        spec = load_pipeline(args.pipeline) if managed is None else None
     except ConfigError as e:
         print(f"tailrace-delivery: invalid pipeline spec:\n{e}", file=sys.stderr)
         return 2
     from tailrace_services.delivery.health import PipelineHealth
-    from tailrace_services.delivery.job import run, stop_spark
+    from tailrace_services.delivery.job import stop_spark
     from tailrace_services.delivery.sparklog import route_stderr
 
     health = PipelineHealth()
@@ -98,29 +112,71 @@ def main(argv: list[str] | None = None) -> int:
         side = start_http_side(args.http_port, health.http, lambda: (
             health.readiness() if ready.is_set() else (False, "starting")))
         log.info("http side port", url=side.url)
+    run_args = {"master": args.master, "health": health, "lease_ttl_s": args.lease_ttl_s,
+                "take_over": args.take_over, "spark_conf": spark_conf,
+                "driver_host": args.driver_host or (
+                    "127.0.0.1" if args.master.startswith("local") else socket.gethostname())}
+    call_on_stop_signals(stopped.set, [signal.SIGTERM])  # the query stops within 0.5 s
+    restore_stderr = route_stderr()  # the JVM's own lines in our format too
+    try:
+        ready.set()
+        if managed is None:
+            assert spec is not None
+            return _deliver(spec, run_args, stopped, health, side is not None and not
+                            args.exit_on_fatal, None)
+        try:
+            while not stopped.is_set():
+                try:
+                    spec = managed.load()
+                except ConfigError as e:
+                    log.error("managed pipeline spec cannot run here", reason=str(e))
+                    return 2
+                if spec is None:
+                    log.info("managed pipeline spec deleted; delivery stops",
+                             pipeline=managed.name)
+                    return 0
+                managed.watch(lambda: None)  # the query looks at managed.changed
+                code = _deliver(spec, run_args, stopped, health, side is not None and not
+                                args.exit_on_fatal, managed)
+                managed.unwatch()
+                if stopped.is_set() or not managed.changed.is_set():
+                    return code
+                log.info("loading the new version of the managed spec", pipeline=managed.name)
+            return 0
+        finally:
+            managed.close()
+    finally:
+        if side is not None:
+            side.stop()
+        stop_spark()
+        restore_stderr()
+
+
+def _deliver(spec: PipelineSpec, run_args: dict[str, Any], stopped: threading.Event,
+             health: PipelineHealth, serve_failure: bool, managed: ManagedSpec | None) -> int:
+    """Deliver `spec` until stopped (or, managed, until a new version is there); the exit
+    code."""
+    from tailrace.events._codec import JSON_ACCELERATED
+    from tailrace_services.delivery.job import run
+
+    log = get_logger()
+
+    def stop_when() -> bool:
+        return stopped.is_set() or (managed is not None and managed.changed.is_set())
 
     def failed(reason: str, code: int) -> int:
         """The pipeline stopped for good: say why on /health until stopped (or exit now)."""
         health.fatal(reason)
         log.error("delivery stopped", reason=reason, exit_code=code)
-        if side is not None and not args.exit_on_fatal:
+        if serve_failure:
             with contextlib.suppress(KeyboardInterrupt):
-                stopped.wait()
+                wait_until_stopped_or_changed(stopped, managed)
         return code
-
-    from tailrace.events._codec import JSON_ACCELERATED
 
     log.info("delivery starting", pipeline=spec.name,
              json_encoder="C" if JSON_ACCELERATED else "pure Python (slower: run `make setup`)")
-    call_on_stop_signals(stopped.set, [signal.SIGTERM])  # the query stops within 0.5 s
-    restore_stderr = route_stderr()  # the JVM's own lines in our format too
     try:
-        ready.set()
-        run(spec, master=args.master, stop_when=stopped.is_set, health=health,
-            lease_ttl_s=args.lease_ttl_s, take_over=args.take_over,
-            driver_host=args.driver_host or (
-                "127.0.0.1" if args.master.startswith("local") else socket.gethostname()),
-            spark_conf=spark_conf)
+        run(spec, stop_when=stop_when, **run_args)
     except FencedError as e:  # the new owner carries on; serving 503 would only mislead
         log.error("delivery fenced; stopping", reason=str(e))
         return 1
@@ -137,13 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         log.info("delivery stopped by signal")
-    finally:
-        if side is not None:
-            side.stop()
-        stop_spark()
-        restore_stderr()
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
