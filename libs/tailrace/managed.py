@@ -146,3 +146,29 @@ def wait_until_stopped_or_changed(stopped: threading.Event, managed: ManagedSpec
     while not stopped.wait(1.0):
         if managed is not None and managed.changed.is_set():
             return
+
+
+def run_versions(managed: ManagedSpec, stopped: threading.Event,
+                 run: Callable[[PipelineSpec], int], on_change: Callable[[], None],
+                 service: str) -> int:
+    """`run` each version of the managed spec in turn (`on_change` ends a run when a newer
+    one is applied), until the spec is deleted (0) or `stopped`; the last run's exit code."""
+    try:
+        while not stopped.is_set():
+            try:
+                spec = managed.load()
+            except ConfigError as e:
+                log.error("managed pipeline spec cannot run here", reason=str(e))
+                return 2
+            if spec is None:
+                log.info(f"managed pipeline spec deleted; {service} stops", pipeline=managed.name)
+                return 0
+            managed.watch(on_change)
+            code = run(spec)
+            managed.unwatch()
+            if stopped.is_set() or not managed.changed.is_set():
+                return code
+            log.info("loading the new version of the managed spec", pipeline=managed.name)
+        return 0
+    finally:
+        managed.close()

@@ -26,6 +26,7 @@ from tailrace.managed import (
     ManagedSpec,
     add_managed_options,
     managed_spec,
+    run_versions,
     wait_until_stopped_or_changed,
 )
 from tailrace.stopping import call_on_stop_signals
@@ -82,39 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             lambda: running[-1].health if running else Health(True, ""),
             lambda: running[-1].readiness() if running else (False, "loading the spec"))
         log.info("http side port", url=side.url)
+    serving = side is not None
     try:
         if managed is None:
             assert spec is not None
-            return _run(spec, args, stopped, running, side is not None, None)
-        return _run_managed(managed, args, stopped, running, side is not None)
+            return _run(spec, args, stopped, running, serving, None)
+        return run_versions(
+            managed, stopped, lambda spec: _run(spec, args, stopped, running, serving, managed),
+            lambda: _stop_all(running), "capture")
     finally:
         if side is not None:
             side.stop()
-
-
-def _run_managed(managed: ManagedSpec, args: argparse.Namespace, stopped: threading.Event,
-                 running: list[CaptureService[Any]], serving: bool) -> int:
-    """Each version of the managed spec in turn, until it is deleted or a signal comes."""
-    log = get_logger()
-    try:
-        while not stopped.is_set():
-            try:
-                spec = managed.load()
-            except ConfigError as e:
-                log.error("managed pipeline spec cannot run here", reason=str(e))
-                return 2
-            if spec is None:
-                log.info("managed pipeline spec deleted; capture stops", pipeline=managed.name)
-                return 0
-            managed.watch(lambda: _stop_all(running))
-            code = _run(spec, args, stopped, running, serving, managed)
-            managed.unwatch()
-            if stopped.is_set() or not managed.changed.is_set():
-                return code
-            log.info("loading the new version of the managed spec", pipeline=managed.name)
-        return 0
-    finally:
-        managed.close()
 
 
 def _stop_all(running: list[CaptureService[Any]]) -> None:

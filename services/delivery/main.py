@@ -41,6 +41,7 @@ from tailrace.managed import (
     ManagedSpec,
     add_managed_options,
     managed_spec,
+    run_versions,
     wait_until_stopped_or_changed,
 )
 from tailrace.stopping import call_on_stop_signals
@@ -118,33 +119,16 @@ def main(argv: list[str] | None = None) -> int:
                     "127.0.0.1" if args.master.startswith("local") else socket.gethostname())}
     call_on_stop_signals(stopped.set, [signal.SIGTERM])  # the query stops within 0.5 s
     restore_stderr = route_stderr()  # the JVM's own lines in our format too
+    serve_failure = side is not None and not args.exit_on_fatal
     try:
         ready.set()
         if managed is None:
             assert spec is not None
-            return _deliver(spec, run_args, stopped, health, side is not None and not
-                            args.exit_on_fatal, None)
-        try:
-            while not stopped.is_set():
-                try:
-                    spec = managed.load()
-                except ConfigError as e:
-                    log.error("managed pipeline spec cannot run here", reason=str(e))
-                    return 2
-                if spec is None:
-                    log.info("managed pipeline spec deleted; delivery stops",
-                             pipeline=managed.name)
-                    return 0
-                managed.watch(lambda: None)  # the query looks at managed.changed
-                code = _deliver(spec, run_args, stopped, health, side is not None and not
-                                args.exit_on_fatal, managed)
-                managed.unwatch()
-                if stopped.is_set() or not managed.changed.is_set():
-                    return code
-                log.info("loading the new version of the managed spec", pipeline=managed.name)
-            return 0
-        finally:
-            managed.close()
+            return _deliver(spec, run_args, stopped, health, serve_failure, None)
+        return run_versions(
+            managed, stopped, lambda spec: _deliver(spec, run_args, stopped, health,
+                                                    serve_failure, managed),
+            lambda: None, "delivery")  # the query stops when it sees managed.changed
     finally:
         if side is not None:
             side.stop()
