@@ -42,6 +42,11 @@ def _k(code: int, **flags: bool) -> KafkaException:
     (_k(KafkaError.NOT_ENOUGH_REPLICAS), R),
     (_k(KafkaError.COORDINATOR_NOT_AVAILABLE), R),
     (_k(KafkaError._STATE, txn_requires_abort=True), R),  # abortable: abort, then retry
+    # "Current transaction failed in state BeginCommit: N message(s) failed delivery" when
+    # the broker stopped mid-transaction (seen in a fresh-clone run): abortable, not fatal
+    (_k(KafkaError._INCONSISTENT, txn_requires_abort=True), R),
+    (_k(KafkaError._INCONSISTENT), F),  # the idempotent producer's state: fatal
+    (_k(KafkaError.PRODUCER_FENCED, txn_requires_abort=True), F),
     (_k(KafkaError.MSG_SIZE_TOO_LARGE), N),
     (_k(KafkaError.SASL_AUTHENTICATION_FAILED), N),
     (_k(KafkaError.TOPIC_AUTHORIZATION_FAILED), N),

@@ -18,7 +18,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TypedDict
 
 __all__ = [
     "LOOPBACK",
@@ -151,14 +150,13 @@ def run_checked(
     with open(log_path, "ab") as log:
         try:
             result = subprocess.run(
-                list(args),
+                [*_as_user(user), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 timeout=timeout,
                 check=False,
-                **_as_user(user),
             )
         except subprocess.TimeoutExpired:
             raise _failure(f"{what} did not finish within {timeout:.0f}s", log_path) from None
@@ -177,33 +175,31 @@ def start_process(
     """Start a server in a new session, appending its stdout and stderr to `log_path`."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            list(args),
+            [*_as_user(user), *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            **_as_user(user),
         )
     _live_groups.add(proc.pid)
     return proc
 
 
-class _Credentials(TypedDict, total=False):
-    user: int
-    group: int
-    extra_groups: list[int]
+def _as_user(user: str | None) -> list[str]:
+    """A command prefix that drops root to `user` (PostgreSQL refuses to run as root).
 
-
-def _as_user(user: str | None) -> _Credentials:
-    """Popen arguments that drop root to `user` (PostgreSQL refuses to run as root)."""
+    `setpriv` in the child rather than Popen's `user=`: with `user=` CPython forks instead of
+    vforking, and a fork of a process whose gRPC threads run (a test's control client) runs
+    gRPC's fork handlers in the child, which crashed it with SIGSEGV before it could exec."""
     if user is None:
-        return {}
+        return []
     import pwd
 
     entry = pwd.getpwnam(user)
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+    return ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups",
+            "--"]
 
 
 def stop_process(

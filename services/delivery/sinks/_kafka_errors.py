@@ -62,7 +62,11 @@ def classify_kafka(error: BaseException) -> type[TailraceError]:
     if err is None:
         return error_class(error)
     code = err.code()
-    if code in _FATAL or err.fatal():
+    if err.fatal() or code in FENCED or code == _K._FATAL:
+        return FatalError
+    if err.txn_requires_abort():  # "N message(s) failed delivery" (_INCONSISTENT) at commit
+        return RetryableError     # on a broker outage: the writer aborts, the batch goes again
+    if code in _FATAL:
         return FatalError
     if code in _NON_RETRYABLE:
         return NonRetryableError
