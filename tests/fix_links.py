@@ -71,7 +71,7 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
 
 
 def wire(link: str, prefix: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
-         tmp_path: Path, request: pytest.FixtureRequest
+         tmp_path: Path, request: pytest.FixtureRequest, batch: str = "{max_ms: 200}"
          ) -> tuple[RunningPipeline, Any, Callable[[], dict[int, list[int]]]]:
     """A pipeline of an `acct` table whose `link` goes through a proxy the test controls:
     (the unstarted pipeline, the proxy, what its sink `s1` holds: each key's values in
@@ -88,7 +88,7 @@ def wire(link: str, prefix: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: 
     if link in ("bus", "delivery-bus"):
         _, proxy = request.getfixturevalue("proxied_broker")
         brokers = f"127.0.0.1:{proxy.port}"
-    pipeline = pg_redis_pipeline(tables="[public.acct]", brokers=brokers, sink=sink)
+    pipeline = pg_redis_pipeline(tables="[public.acct]", brokers=brokers, sink=sink, batch=batch)
     text = pipeline.spec_path.read_text()
     if link == "source":
         proxy = tcp_proxy(port_of(pg_db))

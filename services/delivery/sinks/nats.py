@@ -102,6 +102,8 @@ def subject_filter(template: str) -> str:
     return ".".join(out)
 
 
+_MIN_RATE = 2_000  # bytes/s a publish is given at least, beyond the timeout
+
 class NatsSink(Sink):
     retry = RetryPolicy(base_s=0.05, max_s=5.0, attempts=3)
 
@@ -201,8 +203,9 @@ class NatsSink(Sink):
         self.open()
         assert self._nc is not None
         messages = self._messages(events, self._nc.max_payload)
-        try:
-            acks = self._run(self._publish(messages), self._timeout_s + 5)
+        try:  # _publish times out when acks stop coming; this bounds a stalled publish
+            acks = self._run(self._publish(messages),
+                             self._timeout_s + 5 + sum(len(m[1]) for m in messages) / _MIN_RATE)
         except Exception as e:
             self._drop_connection()
             raise self._error("publish failed", e) from None
@@ -238,19 +241,23 @@ class NatsSink(Sink):
 
     async def _publish(self, messages: Sequence[tuple[str, bytes, dict[str, str]]]
                        ) -> list[PubAck]:
-        """Publish in order, then wait for every ack; fail fast when the connection drops."""
+        """Publish in order, then wait for every ack; fail fast when the connection drops,
+        and when no ack came for the timeout (a slow link that still acknowledges goes on:
+        a batch's bytes need not fit in one timeout)."""
         nc, js = self._nc, self._js
         assert nc is not None and js is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
         futures = [await js.publish_async(subject, payload, headers=dict(hdrs))
                    for subject, payload, hdrs in messages]
         acks = asyncio.gather(*futures)  # fails with the first failed ack
+        deadline, acked = loop.time() + self._timeout_s, 0
         try:
             while not acks.done():
                 await asyncio.wait({acks}, timeout=0.05)
                 if not acks.done() and (nc.is_closed or not nc.is_connected):
                     raise nats.errors.ConnectionClosedError
+                if (now_acked := sum(f.done() for f in futures)) > acked:
+                    deadline, acked = loop.time() + self._timeout_s, now_acked
                 if not acks.done() and loop.time() > deadline:
                     raise nats.errors.TimeoutError
         except BaseException:
