@@ -8,8 +8,9 @@ Each: every column type the Avro test covers and NULLs; a column added mid-strea
 version 2 (JSON: the new schema validates the old data; Protobuf: a consumer still holding
 version 1's message reads version 2's data, and the new column takes a new field number);
 a TOAST value the server did not send is Debezium's placeholder, not NULL; a delete and its
-tombstone; and a column's type change, which the registry refuses, sends that event to the
-DLQ, loudly, while the pipeline goes on.
+tombstone; a column's type change, which the registry refuses, sends that event to the
+DLQ, loudly, while the pipeline goes on; and a dropped column keeps its field (no new
+version, no number used again).
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class Run(RegistryRun):
         assert "qty" in reason, reason
         return reason
 
+    def dropped_column(self, count: int) -> list[Any]:
+        """note dropped: its field stays in the schema, so no new version."""
+        self.sql("ALTER TABLE orders DROP COLUMN note",
+                 "INSERT INTO orders (id, qty) VALUES (45, 5)")
+        messages = self.wait_for(count, "the record after the dropped column")
+        assert self.registry.get_versions(self.subject) == [1, 2]
+        return messages
+
 
 def test_json_schema_read_by_confluents_deserializer_with_schema_evolution(
         pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
@@ -111,7 +120,9 @@ def test_json_schema_read_by_confluents_deserializer_with_schema_evolution(
 
     reason = run.refused_type_change(46)
     assert [k["id"] for k, _ in run.decoded(run.received()[45:], keys, values)] == [44]
-    print(f"\n46 records in JSON Schema; the refused change in the DLQ: {reason[:200]}")
+    [(_, dropped)] = run.decoded(run.dropped_column(47)[46:], keys, values)
+    assert dropped["after"]["qty"] == 5 and "note" not in dropped["after"]
+    print(f"\n47 records in JSON Schema; the refused change in the DLQ: {reason[:200]}")
 
 
 def _message_class(run: Run, subject: str, version: int, name: str) -> Any:
@@ -174,4 +185,6 @@ def test_protobuf_read_by_confluents_deserializer_with_schema_evolution(
 
     reason = run.refused_type_change(46)
     assert [k.id for k, _ in run.decoded(run.received()[45:], keys, values)] == [44]
-    print(f"\n46 records in Protobuf; the refused change in the DLQ: {reason[:200]}")
+    [(_, dropped)] = run.decoded(run.dropped_column(47)[46:], keys, values)
+    assert dropped.after.qty == 5 and not dropped.after.HasField("note")
+    print(f"\n47 records in Protobuf; the refused change in the DLQ: {reason[:200]}")

@@ -118,6 +118,7 @@ class Field(NamedTuple):
     number: int
     type: str  # a scalar, google.protobuf.Timestamp, or a message of the file
     optional: bool  # `optional` (scalars only; a message field has presence anyway)
+    repeated: bool = False  # an array message's items
 
 
 @dataclass
@@ -134,8 +135,7 @@ class _File:
         for name, fields in self.messages.items():
             lines.append(f"\nmessage {name} {{")
             for field_name, f in sorted(fields.items(), key=lambda kv: kv[1].number):
-                label = "optional " if f.optional else "repeated " if field_name == "items" \
-                    and name.endswith("Array") else ""
+                label = "repeated " if f.repeated else "optional " if f.optional else ""
                 lines.append(f"  {label}{f.type} {field_name} = {f.number};")
             lines.append("}")
         return "\n".join(lines) + "\n"
@@ -152,8 +152,7 @@ class _File:
             message = proto.message_type.add(name=message_name)
             for field_name, f in sorted(fields.items(), key=lambda kv: kv[1].number):
                 field = message.field.add(name=field_name, number=f.number)
-                repeated = field_name == "items" and message_name.endswith("Array")
-                field.label = _FDP.LABEL_REPEATED if repeated else _FDP.LABEL_OPTIONAL
+                field.label = _FDP.LABEL_REPEATED if f.repeated else _FDP.LABEL_OPTIONAL
                 if f.type in _SCALARS:
                     field.type = getattr(_FDP, f"TYPE_{f.type.upper()}")
                 else:
@@ -177,7 +176,7 @@ def _helpers(types: Iterable[str]) -> dict[str, dict[str, Field]]:
             element = _element(t)
             item = f"{_prefix(element)}Item"
             out[item] = {"value": Field(1, element, element in _SCALARS)}
-            out[t] = {"items": Field(1, item, False)}
+            out[t] = {"items": Field(1, item, False, repeated=True)}
             t = element
     return out
 
@@ -212,7 +211,8 @@ def numbered(columns: list[tuple[str, str, bool]], history: dict[str, Field] | N
         fields[name] = Field(number, type_, not key and type_ in _SCALARS)
     for name, f in kept.items():
         if name not in fields:
-            fields[name] = Field(f.number, f.type, f.type in _SCALARS)
+            fields[name] = Field(f.number, f.type, f.type in _SCALARS and not f.repeated,
+                                 f.repeated)
     return fields
 
 
@@ -308,5 +308,6 @@ def value_fields(proto: descriptor_pb2.FileDescriptorProto) -> dict[str, Field] 
             type_ = f.type_name.lstrip(".").removeprefix(f"{proto.package}.")
         else:
             type_ = names[f.type]
-        fields[f.name] = Field(f.number, type_, f.proto3_optional)
+        fields[f.name] = Field(f.number, type_, f.proto3_optional,
+                               f.label == _FDP.LABEL_REPEATED)
     return fields
