@@ -135,10 +135,16 @@ def test_json_schemas_are_kept_served_with_their_type_and_checked(control) -> No
     v1 = json_schema({"id": {"type": "integer"}}, ["id"])
     first = registry.register_schema("js-value", v1)
     assert registry.register_schema("js-copy-value", v1) == first, "one id globally"
-    found = registry.get_schema(first)
+    found = client(control, control.service_token).get_schema(first)  # not from the cache
     assert (found.schema_type, json.loads(found.schema_str)) == ("JSON", json.loads(v1.schema_str))
-    avro_twin = Schema(v1.schema_str, "AVRO")  # the same text as another type: not the same
-    assert error_code(lambda: registry.register_schema("js-avro-value", avro_twin)) == 42201
+    text = '{"type": "string"}'  # an Avro schema and a JSON Schema: two schemas, two ids
+    as_avro = registry.register_schema("twin-avro-value", Schema(text, "AVRO"))
+    as_json = registry.register_schema("twin-json-value", Schema(text, "JSON"))
+    fresh = client(control, control.service_token)  # not answered from the cache
+    assert as_avro != as_json and fresh.get_schema(as_json).schema_type == "JSON"
+    assert fresh.get_schema(as_avro).schema_type == "AVRO"
+    assert error_code(lambda: registry.register_schema(
+        "js-avro-value", Schema(v1.schema_str, "AVRO"))) == 42201, "not an Avro schema"
     v2 = json_schema({"id": {"type": "integer"}, "note": NULLABLE_TEXT}, ["id"])
     assert registry.register_schema("js-value", v2) != first, "an optional property added"
     latest = registry.get_latest_version("js-value")
@@ -194,7 +200,7 @@ def test_protobuf_schemas_are_kept_served_serialized_and_checked(control) -> Non
     first = registry.register_schema("pb-value", Schema(PROTO_V1, "PROTOBUF"))
     spaced = Schema(PROTO_V1.replace("\n\n", "\n// a comment\n\n"), "PROTOBUF")
     assert registry.register_schema("pb-value", spaced) == first, "comments and spacing aside"
-    found = registry.get_schema(first)
+    found = client(control, control.service_token).get_schema(first)  # not from the cache
     assert (found.schema_type, found.schema_str) == ("PROTOBUF", PROTO_V1), "kept as given"
     # a new client: Confluent's caches a schema by id whatever the format asked
     served = client(control, control.service_token).get_schema(first, fmt="serialized").schema_str
