@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,14 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.js.errors
 import pytest
 import redis
+from confluent_kafka.admin import AdminClient
 
 from tailrace.control_client import ControlClient
 from tailrace.devservers import free_port
 from tailrace_services.cli.supervisor import Child, Supervisor, service_argv
 from tailrace_services.cli.up import wait_for_port
 from tests.fix_control import new_token, write_secret
+from tests.fix_sinks import read_kafka
 
 SPEC_TEMPLATE = """\
 apiVersion: tailrace/v1
@@ -76,6 +81,42 @@ def values_per_key(url: str, stream: str) -> dict[int, list[int]]:
         after = json.loads(fields[b"event"])["after"]
         out.setdefault(after["id"], []).append(after["v"])
     return out
+
+
+def nats_values(url: str, stream: str) -> dict[int, list[int]]:
+    """An `acct` JetStream stream (`write_account_tx`): each key's values, in stream order."""
+    async def fetch() -> list[Any]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return []
+        msgs = [await js.get_msg(stream, seq)  # none yet: first_seq 0 (not a message)
+                for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1)]
+        await nc.close()
+        return msgs
+
+    out: dict[int, list[int]] = {}
+    for msg in asyncio.run(fetch()):
+        after = json.loads(msg.data)["after"]
+        out.setdefault(after["id"], []).append(after["v"])
+    return out
+
+
+def kafka_values(brokers: str, topic: str) -> dict[int, list[int]]:
+    """An `acct` topic (`write_account_tx`), read committed: each key's values in order."""
+    values: dict[int, list[int]] = {}
+    try:
+        topics = AdminClient({"bootstrap.servers": brokers}).list_topics(timeout=5)
+    except Exception:  # noqa: BLE001 - the broker is away: nothing to count now
+        return values
+    if topic not in topics.topics:
+        return values  # the sink has not written one yet
+    for m in read_kafka(brokers, [topic], timeout=30):
+        after = json.loads(m.value())["after"]
+        values.setdefault(after["id"], []).append(after["v"])
+    return values
 
 
 @dataclass
@@ -179,6 +220,19 @@ class RunningPipeline:
     def rss_mb(self, name: str) -> float:
         """Resident memory of a service's process and every process below it (delivery:
         Spark's JVM and Python workers), in MB."""
+        total = 0
+        for pid in self.tree_pids(name):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in status.splitlines()
+                           if line.startswith("VmRSS:")), 0)
+        return total / 1024
+
+    def tree_pids(self, name: str) -> list[int]:
+        """A service's process and every process below it (delivery: Spark's JVM and its
+        Python workers)."""
         root = self.procs[name].process
         assert root is not None
         parents: dict[int, int] = {}
@@ -193,15 +247,7 @@ class RunningPipeline:
             pid = todo.pop()
             tree.append(pid)
             todo.extend(child for child, parent in parents.items() if parent == pid)
-        total = 0
-        for pid in tree:
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            total += next((int(line.split()[1]) for line in status.splitlines()
-                           if line.startswith("VmRSS:")), 0)
-        return total / 1024
+        return tree
 
     def log_count(self, name: str, text: str) -> int:
         path = self.dir / f"{name}.log"

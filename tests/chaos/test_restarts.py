@@ -16,15 +16,12 @@ key in source order, and no other process died.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import nats
-import nats.js.errors
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -32,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 from tailrace.config import load_pipeline
 from tailrace.devservers import RedisServer
 from tests.fix_matrix import count_values
-from tests.fix_pipeline import reached, values_per_key, write_account_tx
+from tests.fix_pipeline import kafka_values, nats_values, reached, values_per_key, write_account_tx
 from tests.fix_sinks import read_kafka
 
 pytestmark = pytest.mark.chaos
@@ -234,27 +231,6 @@ def test_a_sink_restarted_empty_stops_delivery_and_the_rewind_it_names_brings_al
           f"rewind --reset, resume: {KEYS * STARTED_AT} changes in the sink once each, in order")
 
 
-def nats_values(url: str, stream: str) -> dict[int, list[int]]:
-    """An `acct` JetStream stream (`write_account_tx`): each key's values, in stream order."""
-    async def fetch() -> list[Any]:
-        nc = await nats.connect(url)
-        js = nc.jetstream()
-        try:
-            info = await js.stream_info(stream)
-        except nats.js.errors.NotFoundError:
-            return []
-        msgs = [await js.get_msg(stream, seq)  # none yet: first_seq 0 (not a message)
-                for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1)]
-        await nc.close()
-        return msgs
-
-    out: dict[int, list[int]] = {}
-    for msg in asyncio.run(fetch()):
-        after = json.loads(msg.data)["after"]
-        out.setdefault(after["id"], []).append(after["v"])
-    return out
-
-
 @pytest.mark.matrix(
     scenario="a server killed -9 mid-workload and started again on its data: the source "
              "PostgreSQL, the PostgreSQL sink's server, NATS JetStream; the Kafka sink's broker "
@@ -352,21 +328,6 @@ def test_a_server_killed_and_started_again_loses_and_repeats_nothing(
     pipeline.assert_running()
     print(f"\n{server} killed -9 after {KILLED_AT} transactions and started again: "
           f"{KEYS * TRANSACTIONS} changes in the sink once each, in order")
-
-
-def kafka_values(brokers: str, topic: str) -> dict[int, list[int]]:
-    """An `acct` topic (`write_account_tx`), read committed: each key's values in order."""
-    values: dict[int, list[int]] = {}
-    try:
-        topics = AdminClient({"bootstrap.servers": brokers}).list_topics(timeout=5)
-    except Exception:  # noqa: BLE001 - the broker is away: nothing to count now
-        return values
-    if topic not in topics.topics:
-        return values  # the sink has not written one yet
-    for m in read_kafka(brokers, [topic], timeout=30):
-        after = json.loads(m.value())["after"]
-        values.setdefault(after["id"], []).append(after["v"])
-    return values
 
 
 def pipeline_dsn(pipeline: Any) -> str:

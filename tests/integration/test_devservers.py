@@ -234,3 +234,79 @@ def test_missing_binary_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DevServerError, match="make setup.*Debian package redis-server"):
         find_binary("redis-server", package="redis-server", search_dirs=[tmp_path])
+
+
+def test_tcp_proxy_cuts_one_process_and_not_another(
+    proxied_redis: tuple[TcpProxy, redis.Redis], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`cut(clients=...)`: a child process's connections through the proxy are cut and
+    refused, this process's go on."""
+    import subprocess
+    import sys
+
+    proxy, client = proxied_redis
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import sys, time, redis\n"
+        "from redis.backoff import NoBackoff\nfrom redis.retry import Retry\n"
+        f"c = redis.Redis(port={proxy.port}, socket_timeout=5, retry=Retry(NoBackoff(), 0))\n"
+        "c.ping(); print('up', flush=True); sys.stdin.readline()\n"
+        "for _ in range(2):\n"
+        "    try:\n        c.ping(); print('ok', flush=True)\n"
+        "    except redis.ConnectionError:\n        print('cut', flush=True)\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "up"
+        client.ping()
+        proxy.cut(clients=lambda: [child.pid])
+        client.set("proxied-other", "1")  # this process is not cut
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert [child.stdout.readline().strip() for _ in range(2)] == ["cut", "cut"], \
+            "the open connection dropped and a new one refused"
+        assert client.get("proxied-other") == b"1"
+    finally:
+        child.kill()
+        child.wait()
+    proxy.restore()
+
+
+def test_tcp_proxy_in_front_of_kafka_advertises_itself_and_cuts_before_a_request(
+    tcp_proxy: Callable[..., TcpProxy]
+) -> None:
+    """`kafka=True`: the broker's metadata names the proxy, so every connection of a
+    client goes through it; `cut_before(kafka_request(0))` cuts the link at the next
+    Produce request, which the broker never sees."""
+    from confluent_kafka.admin import AdminClient
+
+    from tailrace.devservers.noida import NoidaKafka
+    from tailrace.devservers.proxy import kafka_request
+
+    with NoidaKafka() as broker:
+        proxy: TcpProxy = tcp_proxy(broker.port)
+        proxy.kafka = True
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers
+        assert [(b.host, b.port) for b in brokers.values()] == [("127.0.0.1", proxy.port)]
+        producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 60000})
+        producer.produce("proxied", b"before")
+        assert producer.flush(20) == 0
+        proxy.cut_before(kafka_request(0))
+        producer.produce("proxied", b"during")
+        assert proxy.cuts_made.wait(20), "a Produce request cut the link"
+        assert proxy.cut_off
+        proxy.restore()
+        assert producer.flush(30) == 0, "the producer sends it again once the link is back"
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "proxied",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition("proxied", 0, OFFSET_BEGINNING)])
+        values = []
+        deadline = time.monotonic() + 20
+        while len(values) < 2 and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and not message.error():
+                values.append(message.value())
+        consumer.close()
+        assert values == [b"before", b"during"]

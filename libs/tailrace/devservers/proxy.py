@@ -10,31 +10,57 @@ Two finer faults, for what a client cannot tell from a cut:
   PostgreSQL's `COMMIT`), the request reaches the server but its reply is dropped and the
   connection closed: the client cannot know whether its transaction committed;
 - `slow(delay_s, bytes_per_s)`: every chunk waits `delay_s` and is sent at most
-  `bytes_per_s` (a slow, thin link); `slow()` undoes it.
+  `bytes_per_s` (a slow, thin link); `slow()` undoes it;
+- `cut_before(match)`: the first request `match` accepts is not forwarded and the link is
+  cut there, so a client is cut in the middle of what it was doing (between a Kafka
+  transaction's produce and its `EndTxn`, between Redis's `MULTI` and `EXEC`);
+- `cut(clients=...)`: only the connections of some processes are cut (delivery's from the
+  bus while capture's go on), found by who owns the client end of each connection.
+
+`kafka=True` reads both directions as Kafka frames (a size, then that many bytes) and
+rewrites the target's address in the server's answers (Metadata, FindCoordinator) to the
+proxy's, so a broker that advertises only where it listens is reached through the proxy
+too; `match` then sees whole requests (`kafka_request(api_key)`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
+import struct
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from tailrace.devservers._process import LOOPBACK, free_port
 
-__all__ = ["TcpProxy"]
+__all__ = ["TcpProxy", "kafka_request"]
 
 _CHUNK = 65536
 _TRICKLE = 1024  # bytes sent at a time on a slow link
 
 
-class _Pair:
-    """One proxied connection: whether the server's next reply is to be lost."""
+Match = Callable[[bytes], bool]
+Clients = Callable[[], Iterable[int]]
 
-    def __init__(self) -> None:
+
+def kafka_request(api_key: int) -> Match:
+    """A `cut_before` match for a Kafka request frame of `api_key` (26: EndTxn, 0: Produce)."""
+    key = struct.pack(">h", api_key)
+    return lambda frame: frame[4:6] == key
+
+
+class _Pair:
+    """One proxied connection: whether the server's next reply is to be lost, and the
+    client's port (who the connection belongs to)."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket, client_port: int) -> None:
+        self.client, self.upstream, self.client_port = client, upstream, client_port
         self.lose_reply = False
         self.tail = b""  # the client's last bytes, for a pattern split across chunks
 
@@ -42,12 +68,18 @@ class _Pair:
 class TcpProxy:
     """Forward 127.0.0.1:`port` to `target_host:target_port`, one thread per direction."""
 
-    def __init__(self, target_port: int, target_host: str = LOOPBACK, port: int | None = None):
+    def __init__(self, target_port: int, target_host: str = LOOPBACK, port: int | None = None,
+                 *, kafka: bool = False):
         self.host = LOOPBACK
         self.port = port if port is not None else free_port()
         self.target = (target_host, target_port)
+        self.kafka = kafka
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._pairs: set[_Pair] = set()
+        self._cut_clients: Clients | None = None
+        self._cut_before: Match | None = None
+        self.cuts_made = threading.Event()  # set when a `cut_before` match cut the link
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._acceptor: threading.Thread | None = None
@@ -80,12 +112,24 @@ class TcpProxy:
             self._acceptor.start()
         return self
 
-    def cut(self) -> None:
-        """Drop all connections and refuse new ones until `restore()`."""
+    def cut(self, clients: Clients | None = None) -> None:
+        """Drop all connections and refuse new ones until `restore()`. `clients`: only
+        those of these processes (pids, asked again at each new connection); the others
+        go on."""
+        if clients is not None:
+            self._cut_clients = clients
+            with self._lock:
+                pairs = list(self._pairs)
+            owned = _ports_of(clients(), self.port)
+            for pair in pairs:
+                if pair.client_port in owned:
+                    self._drop(pair)
+            return
         with self._lock:
             listener, wake, acceptor = self._listener, self._wake, self._acceptor
             self._listener = self._wake = self._acceptor = None
             conns, self._conns = self._conns, set()
+            self._pairs = set()
         if wake is not None:
             wake[1].send(b"x")
         if acceptor is not None:
@@ -94,8 +138,16 @@ class TcpProxy:
             _close(sock)
 
     def restore(self) -> None:
-        """Accept connections again, on the same port."""
+        """Accept connections again, on the same port (every client's)."""
+        self._cut_clients = None
         self.start()
+
+    def cut_before(self, match: Match) -> None:
+        """Arm once: the first client request `match` accepts (a chunk as read, a whole
+        frame with `kafka=True`) is dropped and the whole link cut, as `cut()` does;
+        `cuts_made` is set then. `restore()` brings it back."""
+        self.cuts_made.clear()
+        self._cut_before = match
 
     def retarget(self, port: int, host: str = LOOPBACK) -> None:
         """Send new connections to `host:port`; open ones stay where they are."""
@@ -119,9 +171,13 @@ class TcpProxy:
             if wake in ready:
                 return
             try:
-                client, _ = listener.accept()
+                client, (_, client_port) = listener.accept()
             except OSError:
                 return
+            clients = self._cut_clients
+            if clients is not None and client_port in _ports_of(clients(), self.port):
+                _close(client)  # this process is cut off; the others are not
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
@@ -134,14 +190,30 @@ class TcpProxy:
                     _close(upstream)
                     return
                 self._conns.update((client, upstream))
-            pair = _Pair()
+                pair = _Pair(client, upstream, client_port)
+                self._pairs.add(pair)
             for src, dst, upwards in ((client, upstream, True), (upstream, client, False)):
                 threading.Thread(target=self._pump, args=(src, dst, pair, upwards),
                                  daemon=True).start()
 
+    def _drop(self, pair: _Pair) -> None:
+        with self._lock:
+            self._pairs.discard(pair)
+            self._conns.difference_update((pair.client, pair.upstream))
+        _close(pair.client)
+        _close(pair.upstream)
+
     def _pump(self, src: socket.socket, dst: socket.socket, pair: _Pair, upwards: bool) -> None:
+        advertised = struct.pack(">i", self.target[1])
+        ours = struct.pack(">i", self.port)
         try:
-            while data := src.recv(_CHUNK):
+            for data in (_frames(src) if self.kafka else iter(lambda: src.recv(_CHUNK), b"")):
+                if upwards and self._cut_before is not None and self._matches(data):
+                    threading.Thread(target=self._cut_now, daemon=True).start()
+                    break
+                if self.kafka and not upwards:  # the broker's own address -> ours
+                    data = data.replace(self.target[0].encode() + advertised,
+                                        self.target[0].encode() + ours)
                 if not upwards and pair.lose_reply:
                     self.replies_lost += 1
                     break  # the reply is dropped: both ends closed below
@@ -155,11 +227,20 @@ class TcpProxy:
         except OSError:
             pass
         # One side ended or failed: end both so the other pump returns as well.
+        self._drop(pair)
+
+    def _matches(self, data: bytes) -> bool:
+        """Whether `data` is the armed `cut_before` request (then disarmed: once only)."""
         with self._lock:
-            self._conns.discard(src)
-            self._conns.discard(dst)
-        _close(src)
-        _close(dst)
+            match = self._cut_before
+            if match is None or not match(data):
+                return False
+            self._cut_before = None
+            return True
+
+    def _cut_now(self) -> None:
+        self.cut()
+        self.cuts_made.set()
 
     def _send(self, dst: socket.socket, data: bytes) -> None:
         if self.delay_s:
@@ -192,3 +273,37 @@ def _close(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def _frames(sock: socket.socket) -> Iterator[bytes]:
+    """Kafka frames (a big-endian int32 size, then the frame), each whole, size included."""
+    buf = b""
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            data = sock.recv(_CHUNK)
+            if not data:
+                return
+            buf += data
+        end = 4 + struct.unpack(">i", buf[:4])[0]
+        yield buf[:end]
+        buf = buf[end:]
+
+
+def _ports_of(pids: Iterable[int], server_port: int) -> set[int]:
+    """The local ports of these processes' TCP connections to 127.0.0.1:`server_port`."""
+    inodes: dict[str, int] = {}  # socket inode -> its local port
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(remote.rsplit(":", 1)[1], 16) == server_port:
+            inodes[f"socket:[{inode}]"] = int(local.rsplit(":", 1)[1], 16)
+    ports: set[int] = set()
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    port = inodes.get(os.readlink(f"{fd_dir}/{fd}"))
+                    if port is not None:
+                        ports.add(port)
+    return ports

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,62 @@ class Message:
 
 
 DeliveryErrors = dict[int, KafkaError]
+
+DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
+_SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at
+
+
+class BrokerReach:
+    """What a client's `error_cb` says of its brokers: since when none is reachable.
+
+    librdkafka retries an unreachable broker until the call's own timeout (30 s), so a
+    cut link would show only when a batch times out; a call that gives up once every
+    broker has been down for DOWN_S fails its batch early, and `/ready` names the sink
+    while the link is still cut. A slow link keeps its brokers up and its timeouts."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.error = ""
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            self.error = err.str()
+
+    def up(self) -> None:
+        """A call went through: the brokers answer."""
+        self.down_since = None
+
+    def check(self) -> None:
+        if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
+            raise KafkaException(KafkaError(
+                KafkaError._ALL_BROKERS_DOWN,
+                f"no broker reachable for {time.monotonic() - self.down_since:.0f} s "
+                f"({self.error})"))
+
+    def wait(self, producer: Producer, call: Callable[[float], Any], timeout_s: float) -> Any:
+        """`call(timeout)` (init_transactions, commit_transaction, flush) in slices until
+        `timeout_s`: librdkafka lets a timed-out transactional call be made again, and a
+        flush that left messages is simply called again. Gives up early on `check`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                result = call(max(min(_SLICE_S, left), 0.1))
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                timed_out = isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT \
+                    and err.retriable()
+                if not timed_out or left <= _SLICE_S:
+                    raise
+            else:
+                if not result or left <= _SLICE_S:  # flush: messages left; others: None
+                    if not result:
+                        self.up()
+                    return result
+            producer.poll(0)  # serves error_cb
+            self.check()
 
 
 def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], errors: DeliveryErrors,
@@ -90,9 +146,10 @@ class TransactionalWriter:
         self.checkpoint_topic = checkpoint_topic
         self.checkpoint_key = checkpoint_key.encode()
         self.timeout_s = timeout_s
+        self.reach = BrokerReach()
         self._producer: Producer | None = new_client(Producer, {
-            **producer, "transactional.id": transactional_id})
-        self._producer.init_transactions(timeout_s)
+            **producer, "transactional.id": transactional_id, "error_cb": self.reach.on_error})
+        self.reach.wait(self._producer, self._producer.init_transactions, timeout_s)
         self.stored: Position | None = read_checkpoint(
             client, checkpoint_topic, self.checkpoint_key, timeout_s)
 
@@ -108,7 +165,8 @@ class TransactionalWriter:
             producer.produce(self.checkpoint_topic, commit.position.SerializeToString(),
                              self.checkpoint_key)
         del producer  # a failure's traceback keeps this frame: let close() free the client
-        self._live().commit_transaction(max(deadline - time.monotonic(), 1.0))
+        self.reach.wait(self._live(), self._live().commit_transaction,
+                        max(deadline - time.monotonic(), 1.0))
         if commit is not None:
             self.stored = commit.position
 

@@ -58,6 +58,8 @@ from tailrace_services.delivery.sinks._kafka_errors import (
     new_client,
 )
 from tailrace_services.delivery.sinks._kafka_tx import (
+    DOWN_S,
+    BrokerReach,
     DeliveryErrors,
     Message,
     TransactionalWriter,
@@ -132,6 +134,7 @@ class KafkaSink(Sink):
             "transaction.timeout.ms": max(60_000, int(timeout_s * 2000)),
         }
         self._producer: Producer | None = None
+        self._reach = BrokerReach()  # the at-least-once producer's brokers
         self._checked = False
         self._keyless: set[tuple[str, str, str]] = set()  # tables already warned about
         self._debezium = {"schemas": spec.schemas_enable, "tombstones": spec.tombstones_on_delete
@@ -146,7 +149,7 @@ class KafkaSink(Sink):
             return
         try:
             admin = new_client(AdminClient, self._client)
-            meta = admin.list_topics(timeout=min(self._timeout_s, 10.0))
+            meta = admin.list_topics(timeout=min(self._timeout_s, DOWN_S))  # as BrokerReach
             self._prepare(admin, meta)
         except Exception as e:
             raise self._error("cannot reach the brokers or create the checkpoint topic",
@@ -172,12 +175,15 @@ class KafkaSink(Sink):
                              errors: DeliveryErrors) -> None:
         """`messages`: each with the index of its event."""
         if self._producer is None:
-            self._producer = new_client(Producer, self._producer_conf)
+            self._reach = BrokerReach()
+            self._producer = new_client(Producer, {**self._producer_conf,
+                                                   "error_cb": self._reach.on_error})
         producer = self._producer
         deadline = time.monotonic() + self._timeout_s
         try:
             produce_all(producer, messages, errors, deadline)
-            left = producer.flush(max(deadline - time.monotonic(), 0.1))
+            left = self._reach.wait(producer, producer.flush,
+                                    max(deadline - time.monotonic(), 0.1))
             if left:
                 producer.purge(in_queue=True, in_flight=False)
                 producer.flush(0)

@@ -1,0 +1,124 @@
+"""A sink's link broken in the middle of its transaction (issue 16, item 1): cut for CUT_S
+between Kafka's produce requests and its `EndTxn`, or with Redis's `MULTI` sent and its
+`EXEC` not reaching the server; and the reply to a commit lost (Redis `EXEC`, PostgreSQL
+`COMMIT`: the server committed, delivery cannot know). Counted: each change once, per key
+in order — the open transaction never shows, a committed one is found and not written again.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tailrace.devservers.proxy import kafka_request
+from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, TRANSACTIONS, wire
+from tests.fix_matrix import count_values
+from tests.fix_pipeline import reached, write_account_tx
+
+pytestmark = pytest.mark.chaos
+
+
+# what a sink sends between opening its transaction and committing it
+IN_TRANSACTION = {"redis": lambda chunk: b"$4\r\nEXEC\r\n" in chunk,  # MULTI, XADDs, SET, EXEC
+                  "kafka": kafka_request(26)}  # EndTxn: its produce requests went before it
+
+
+@pytest.mark.parametrize("kind", ["redis", "kafka"])
+@pytest.mark.matrix(
+    scenario="the sink's link cut for 30 s inside a transaction: after Kafka's produce requests, "
+             "before its EndTxn; with Redis's MULTI sent, before EXEC reaches the server",
+    guarantee="exactly once where the sink allows it: the open transaction never shows, the "
+              "batch is written again once; per-key order")
+def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
+        counted: Any, kind: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    pipeline, proxy, values = wire(f"sink-{kind}", "in-tx", pg_db, pg_redis_pipeline, tcp_proxy,
+                                   tmp_path, request)
+    pipeline.start_all()
+
+    def delivered_up_to() -> int:
+        return reached(values(), KEYS)
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        proxy.cut_before(IN_TRANSACTION[kind])
+        written = BEFORE
+        while not proxy.cuts_made.is_set() and written < DURING:
+            write_account_tx(conn, written, KEYS)
+            written += 1
+            pipeline.wait_for(lambda w=written: proxy.cuts_made.is_set()
+                              or delivered_up_to() == w - 1, 120, "the next batch")
+        assert proxy.cuts_made.is_set(), "the link was cut inside a sink transaction"
+        inside = delivered_up_to()
+        cut_at = time.monotonic()
+        while time.monotonic() - cut_at < CUT_S:
+            if written < DURING:
+                write_account_tx(conn, written, KEYS)
+                written += 1
+            pipeline.assert_running()
+            time.sleep(0.5)
+        proxy.restore()
+        for t in range(written, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
+                      "every change after the cut inside a transaction")
+    got = values()
+    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
+            outcome=f"cut inside the transaction after transaction {inside} was visible")
+    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.assert_running()
+    print(f"\n[{kind}] link cut {CUT_S:.0f} s inside a transaction (transactions up to "
+          f"{inside} visible then): {KEYS * TRANSACTIONS} changes once each, in order")
+
+
+@pytest.mark.matrix(
+    scenario="the reply to a sink's commit lost (Redis EXEC, PostgreSQL COMMIT): applied, not acknowledged",
+    guarantee="exactly once where the sink allows it: the retry finds the batch stored and skips it")
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
+        counted: Any, kind: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The sink's server receives the batch's commit (Redis `EXEC`, PostgreSQL `COMMIT`)
+    and commits it, but the reply never reaches delivery: the connection is gone and the
+    sink cannot tell whether its transaction went through. The retry reads the checkpoint
+    stored with the data and skips what is there. Counted: Redis's stream entries, and
+    every row version the PostgreSQL target applied (an audit trigger)."""
+    pipeline, proxy, values = wire(f"sink-{kind}", "lost-reply", pg_db, pg_redis_pipeline,
+                                   tcp_proxy, tmp_path, request)
+    pattern = b"$4\r\nEXEC\r\n" if kind == "redis" else b"COMMIT\x00"
+    pipeline.start_all()
+
+    def delivered_up_to() -> int:
+        return reached(values(), KEYS)
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        proxy.lose_reply_to(pattern)
+        written = BEFORE
+        while proxy.replies_lost == 0 and written < TRANSACTIONS:
+            write_account_tx(conn, written, KEYS)
+            written += 1
+            pipeline.wait_for(lambda w=written: proxy.replies_lost > 0
+                              or delivered_up_to() == w - 1, 120, "the next batch")
+        assert proxy.replies_lost == 1, "a commit's reply was lost"
+        for t in range(written, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
+                      "every change after the lost reply")
+    counted(**count_values(values(), {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
+    assert values() == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "each key's values once each, in source order"
+    pipeline.assert_running()
+    skipped = pipeline.log_count("delivery", "replayed events skipped")
+    print(f"\n[{kind}] the reply to a commit lost after transaction {written - 1}: "
+          f"{KEYS * TRANSACTIONS} changes applied once each, in order; the retry found the "
+          f"batch stored ({skipped} 'replayed events skipped' log line(s))")

@@ -1,0 +1,59 @@
+"""Each link slow and thin (150 ms each way, 20 kB/s) during a workload (issue 16, item 1):
+batches take longer, nothing else changes — once each, per key in order."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.fix_links import BEFORE, DURING, KEYS, SLOW_LINKS, TRANSACTIONS, wire
+from tests.fix_matrix import count_values
+from tests.fix_pipeline import reached, write_account_tx
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.mark.parametrize("link", SLOW_LINKS)
+@pytest.mark.matrix(
+    scenario="a slow thin link (150 ms each way, 20 kB/s) on one link during a workload "
+             "(capture or delivery to source, bus, control, sink)",
+    guarantee="backpressure: slower, never lossy; no duplicate, per-key order")
+def test_a_slow_thin_link_delays_but_loses_and_repeats_nothing(
+        counted: Any, link: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """One link at 150 ms each way and 20 kB/s while 30 transactions are written: batches
+    take longer, nothing else changes."""
+    pipeline, proxy, values = wire(link, "slow", pg_db, pg_redis_pipeline, tcp_proxy, tmp_path,
+                                   request)
+    pipeline.start_all()
+
+    def delivered_up_to() -> int:
+        return reached(values(), KEYS)
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        proxy.slow(delay_s=0.15, bytes_per_s=20_000)
+        started = time.monotonic()
+        for t in range(BEFORE, DURING):
+            write_account_tx(conn, t, KEYS)
+        pipeline.wait_for(lambda: delivered_up_to() == DURING - 1, 300,
+                          "every change over the slow link")
+        slow_s = time.monotonic() - started
+        proxy.slow()
+        for t in range(DURING, TRANSACTIONS):
+            write_account_tx(conn, t, KEYS)
+    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 180, "every change")
+    got = values()
+    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
+            outcome=f"{DURING - BEFORE} transactions over the slow link in {slow_s:.0f} s")
+    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
+        "once each, in source order"
+    pipeline.assert_running()
+    print(f"\n[{link}] slow link (150 ms each way, 20 kB/s): {DURING - BEFORE} transactions "
+          f"delivered in {slow_s:.1f} s; {KEYS * TRANSACTIONS} changes once each, in order")
