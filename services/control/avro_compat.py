@@ -1,10 +1,6 @@
 """Whether one Avro schema can read what another wrote: Avro's schema resolution rules, as
-Confluent's compatibility levels use them.
-
-`BACKWARD`: the new schema reads data written with the latest (consumers upgrade first);
-`FORWARD`: the latest reads data written with the new; `FULL`: both; `_TRANSITIVE`: against
-every version, not only the latest; `NONE`: no check. A decimal's precision and scale must
-stay as they are (Avro itself would read other ones, and change the numbers' meaning).
+Confluent's compatibility levels (`compat_levels`) use them. A decimal's precision and scale
+must stay as they are (Avro itself would read other ones, and change the numbers' meaning).
 """
 
 from __future__ import annotations
@@ -16,18 +12,13 @@ from typing import Any
 import fastavro
 from fastavro.schema import SchemaParseException, expand_schema
 
-LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE",
-          "FULL", "FULL_TRANSITIVE")
-DEFAULT_LEVEL = "BACKWARD"
+from tailrace_services.control import compat_levels
+from tailrace_services.control.compat_levels import InvalidSchema
 
 # writer type -> reader types that read it (Avro 1.11 spec, "Schema Resolution")
 _PROMOTIONS = {"int": {"long", "float", "double"}, "long": {"float", "double"},
                "float": {"double"}, "string": {"bytes"}, "bytes": {"string"}}
 _NAMED = ("record", "enum", "fixed")
-
-
-class InvalidSchema(ValueError):
-    """Not an Avro schema; the message says where."""
 
 
 def parse(text: str) -> Any:
@@ -74,17 +65,7 @@ def normalized(text: str) -> str:
 
 def problems(level: str, new: Any, existing: list[Any]) -> list[str]:
     """Why `new` may not follow `existing` (oldest first) under `level`; [] when it may."""
-    if level == "NONE" or not existing:
-        return []
-    against = existing if level.endswith("_TRANSITIVE") else existing[-1:]
-    found: list[str] = []
-    for old in against:
-        if level.startswith(("BACKWARD", "FULL")):
-            found += [f"the new schema cannot read old data: {p}"
-                      for p in reads(new, old, "")]
-        if level.startswith(("FORWARD", "FULL")):
-            found += [f"old readers cannot read new data: {p}" for p in reads(old, new, "")]
-    return found
+    return compat_levels.problems(level, new, existing, reads)
 
 
 def _shape(schema: Any) -> dict[str, Any]:

@@ -4,7 +4,10 @@ What Confluent's clients and serializers call (`SchemaRegistryClient`, `AvroSeri
 Kafka Connect's converters): `GET /subjects`, `/subjects/{s}/versions[/{v}[/schema]]`,
 `/schemas/ids/{id}`, `POST /subjects/{s}/versions` (register), `POST /subjects/{s}`
 (look up), `POST /compatibility/subjects/{s}/versions/{v}`, `GET|PUT /config[/{s}]`.
-Errors are Confluent's: `{"error_code": 40401, "message": ...}`.
+Errors are Confluent's: `{"error_code": 40401, "message": ...}`. Schema types AVRO, JSON and
+PROTOBUF (`schemaType`, answered as Confluent does: absent for AVRO); `?format=serialized`
+serves a PROTOBUF schema as the base64 of its FileDescriptorProto, as Confluent's Python
+deserializer asks.
 
 Tokens as for gRPC: reads need a token (service or admin) unless the service runs with
 `--open-reads`; registering and setting levels need the service or admin token. A client
@@ -74,22 +77,31 @@ def _versions(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
 
 @_route("GET", r"/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)", Access.READ)
 def _version(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
-    return registry.version(p["subject"], p["version"]).to_json()
+    return registry.version(p["subject"], p["version"], request.query.get("format")).to_json()
 
 
 @_route("GET", r"/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)/schema", Access.READ)
 def _version_schema(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
-    return json.loads(registry.version(p["subject"], p["version"]).schema)
+    found = registry.version(p["subject"], p["version"], request.query.get("format"))
+    return _raw(found.schema, found.schema_type)
 
 
 @_route("GET", r"/schemas/ids/(?P<id>\d+)", Access.READ)
 def _by_id(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
-    return {"schema": registry.schema(int(p["id"]))}
+    text, kind = registry.schema(int(p["id"]), request.query.get("format"))
+    return {"schema": text} if kind == "AVRO" else {"schema": text, "schemaType": kind}
 
 
 @_route("GET", r"/schemas/ids/(?P<id>\d+)/schema", Access.READ)
 def _raw_by_id(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
-    return json.loads(registry.schema(int(p["id"])))
+    return _raw(*registry.schema(int(p["id"]), request.query.get("format")))
+
+
+def _raw(text: str, kind: str) -> Any:
+    """A schema alone: AVRO and JSON as the JSON they are, PROTOBUF as its text."""
+    if kind == "PROTOBUF":
+        return Response(200, text.encode(), "text/plain; charset=utf-8")
+    return json.loads(text)
 
 
 @_route("POST", r"/subjects/(?P<subject>[^/]+)/versions", Access.SERVICE)
@@ -107,8 +119,8 @@ def _lookup(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
 @_route("POST", r"/compatibility/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)",
         Access.READ)
 def _compatible(registry: Subjects, request: Request, p: dict[str, str]) -> Any:
-    text, _ = _schema_of(request)
-    found = registry.problems(p["subject"], text, p["version"])
+    text, schema_type = _schema_of(request)
+    found = registry.problems(p["subject"], text, p["version"], schema_type)
     answer: dict[str, Any] = {"is_compatible": not found}
     if request.query.get("verbose") == "true":
         answer["messages"] = found
@@ -197,6 +209,8 @@ def registry_routes(registry: Subjects, policy: AuthPolicy
                 if refused is not None:
                     raise refused
                 result = handler(registry, request, params)
+                if isinstance(result, Response):
+                    return result
                 return Response(200, json.dumps(result).encode(), CONTENT_TYPE)
             except RegistryError as e:
                 if e.status >= 409:

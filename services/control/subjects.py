@@ -3,10 +3,13 @@
 Ids are global and stable: one schema text (spacing and key order aside) has one id in every
 subject it is registered under, and keeps it. Versions count from 1 per subject. Every write
 is a compare-and-set, so control replicas on one PostgreSQL storage may serve it together.
-Only Avro schemas are kept (`schemaType` PROTOBUF and JSON are refused with a message).
+Schema types (`schemaType`): AVRO (the default), JSON and PROTOBUF (`schema_types`); a
+subject's versions are checked by their own type's rules, and a change of type is refused
+unless the level is NONE.
 
-    confluent/ids/<id>            {"schema": text, "schemaType": "AVRO"}
-    confluent/fingerprints/<sha>  <id>
+    confluent/ids/<id>            {"schema": text, "schemaType": "AVRO" | "JSON" | "PROTOBUF"}
+    confluent/fingerprints/<sha>  <id> (the sha of the normalized text; of the type and it
+                                  for types other than AVRO)
     confluent/next-id             the last id handed out
     confluent/subjects/<s>/<v>    {"id": id}
     confluent/config              the global compatibility level
@@ -21,14 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailrace.logs import get_logger
-from tailrace_services.control.avro_compat import (
-    DEFAULT_LEVEL,
-    LEVELS,
-    InvalidSchema,
-    normalized,
-    parse,
-    problems,
-)
+from tailrace_services.control.compat_levels import DEFAULT_LEVEL, LEVELS, InvalidSchema
+from tailrace_services.control.schema_types import TYPES, SchemaType
 from tailrace_services.control.storage import CasConflict, Storage
 
 log = get_logger(__name__)
@@ -55,10 +52,14 @@ class Version:
     version: int
     id: int
     schema: str
+    schema_type: str = "AVRO"
 
     def to_json(self) -> dict[str, Any]:
-        return {"subject": self.subject, "version": self.version, "id": self.id,
-                "schema": self.schema}
+        doc: dict[str, Any] = {"subject": self.subject, "version": self.version, "id": self.id,
+                               "schema": self.schema}
+        if self.schema_type != "AVRO":  # as Confluent: AVRO goes without it
+            doc["schemaType"] = self.schema_type
+        return doc
 
 
 class Subjects:
@@ -78,7 +79,9 @@ class Subjects:
             raise _not_found(40401, f"Subject '{subject}' not found.")
         return found
 
-    def version(self, subject: str, version: str | int) -> Version:
+    def version(self, subject: str, version: str | int, fmt: str | None = None) -> Version:
+        """`fmt`: Confluent's `format` (`serialized`: a PROTOBUF schema as the base64 of its
+        FileDescriptorProto); ignored where a type has no such format."""
         versions = self.versions(subject)
         if version in ("latest", -1, "-1"):
             number = versions[-1]
@@ -93,20 +96,24 @@ class Subjects:
         stored = self._storage.kv_get(self._version_key(subject, number))
         assert stored is not None, "listed a moment ago"  # versions are never deleted
         schema_id = json.loads(stored[0])["id"]
-        return Version(subject, number, schema_id, self.schema(schema_id))
+        return Version(subject, number, schema_id, *self.schema(schema_id, fmt))
 
-    def schema(self, schema_id: int) -> str:
+    def schema(self, schema_id: int, fmt: str | None = None) -> tuple[str, str]:
+        """The schema of this id and its type; `fmt` as for `version`."""
         stored = self._storage.kv_get(f"{_PREFIX}ids/{schema_id}")
         if stored is None:
             raise _not_found(40403, f"Schema {schema_id} not found")
-        return str(json.loads(stored[0])["schema"])
+        doc = json.loads(stored[0])
+        text, kind = str(doc["schema"]), str(doc.get("schemaType", "AVRO"))
+        served = TYPES[kind].formats.get(fmt or "")
+        return (served(text) if served else text), kind
 
     def lookup(self, subject: str, text: str, schema_type: str = "AVRO") -> Version:
         """The version of `subject` that holds this schema."""
-        _avro_only(schema_type)
+        kind = _kind(schema_type)
         versions = self.versions(subject)
-        _checked(text)
-        schema_id = self._id_of(text)
+        _checked(kind, text)
+        schema_id = self._id_of(kind, text)
         for number in versions:
             found = self.version(subject, number)
             if found.id == schema_id:
@@ -132,9 +139,11 @@ class Subjects:
                              level.encode())
         return level
 
-    def problems(self, subject: str, text: str, against: str | int | None = None) -> list[str]:
+    def problems(self, subject: str, text: str, against: str | int | None = None,
+                 schema_type: str = "AVRO") -> list[str]:
         """Why `text` may not be registered under `subject` (its level; one version or all)."""
-        new = _checked(text)
+        kind = _kind(schema_type)
+        new = _checked(kind, text)
         try:
             numbers = self.versions(subject)
         except RegistryError:
@@ -144,17 +153,25 @@ class Subjects:
         level = self.level(subject) or DEFAULT_LEVEL
         if against is not None and level.endswith("_TRANSITIVE"):
             level = level.removesuffix("_TRANSITIVE")
-        existing = [parse(self.version(subject, n).schema) for n in numbers]
-        return problems(level, new, existing)
+        if level == "NONE":
+            return []
+        if not level.endswith("_TRANSITIVE"):
+            numbers = numbers[-1:]  # the latest alone
+        versions = [self.version(subject, n) for n in numbers]
+        changed = [v.version for v in versions if v.schema_type != kind.name]
+        if changed:
+            return [f"version(s) {changed} of {subject} are not {kind.name} schemas: a "
+                    "subject keeps one schema type unless its compatibility is NONE"]
+        return kind.problems(level, new, [kind.parse(v.schema) for v in versions])
 
     # writes -----------------------------------------------------------------------------
     def register(self, subject: str, text: str, schema_type: str = "AVRO") -> int:
         """The schema's id, registered under `subject` as its next version unless it is one
         already. Raises `RegistryError` 409 when the subject's compatibility level refuses it."""
-        _avro_only(schema_type)
+        kind = _kind(schema_type)
         _check_subject(subject)
-        _checked(text)
-        schema_id = self._id_of(text) or self._new_id(text)
+        _checked(kind, text)
+        schema_id = self._id_of(kind, text) or self._new_id(kind, text)
         while True:
             try:
                 numbers = self.versions(subject)
@@ -163,7 +180,7 @@ class Subjects:
             for number in numbers:
                 if self.version(subject, number).id == schema_id:
                     return schema_id  # registered before: the same id, no new version
-            found = self.problems(subject, text)
+            found = self.problems(subject, text, schema_type=kind.name)
             if found:
                 raise RegistryError(409, 409, "Schema being registered is incompatible with "
                                     f"an earlier schema for subject '{subject}' (compatibility "
@@ -177,11 +194,11 @@ class Subjects:
             log.info("schema registered", subject=subject, version=number, id=schema_id)
             return schema_id
 
-    def _id_of(self, text: str) -> int:
-        stored = self._storage.kv_get(_fingerprint_key(text))
+    def _id_of(self, kind: SchemaType, text: str) -> int:
+        stored = self._storage.kv_get(_fingerprint_key(kind, text))
         return int(stored[0]) if stored is not None else 0
 
-    def _new_id(self, text: str) -> int:
+    def _new_id(self, kind: SchemaType, text: str) -> int:
         while True:
             counter = self._storage.kv_get(f"{_PREFIX}next-id")
             last, version = (int(counter[0]), counter[1]) if counter else (0, 0)
@@ -189,12 +206,12 @@ class Subjects:
             try:
                 self._storage.kv_cas([
                     (f"{_PREFIX}next-id", str(schema_id).encode(), version),
-                    (_fingerprint_key(text), str(schema_id).encode(), 0),
+                    (_fingerprint_key(kind, text), str(schema_id).encode(), 0),
                     (f"{_PREFIX}ids/{schema_id}",
-                     json.dumps({"schema": text, "schemaType": "AVRO"}).encode(), 0)])
+                     json.dumps({"schema": text, "schemaType": kind.name}).encode(), 0)])
                 return schema_id
             except CasConflict:
-                existing = self._id_of(text)
+                existing = self._id_of(kind, text)
                 if existing:
                     return existing  # another replica gave it its id first
 
@@ -203,21 +220,26 @@ class Subjects:
         return f"{_PREFIX}subjects/{subject}/{number:0{_VERSION_DIGITS}d}"
 
 
-def _fingerprint_key(text: str) -> str:
-    return f"{_PREFIX}fingerprints/{hashlib.sha256(normalized(text).encode()).hexdigest()}"
+def _fingerprint_key(kind: SchemaType, text: str) -> str:
+    normal = kind.normalized(text)
+    if kind.name != "AVRO":  # AVRO's as before there were other types: its ids stay
+        normal = f"{kind.name}\n{normal}"
+    return f"{_PREFIX}fingerprints/{hashlib.sha256(normal.encode()).hexdigest()}"
 
 
-def _checked(text: str) -> Any:
+def _checked(kind: SchemaType, text: str) -> Any:
     try:
-        return parse(text)
+        return kind.parse(text)
     except InvalidSchema as e:
         raise RegistryError(422, 42201, f"Invalid schema: {e}") from None
 
 
-def _avro_only(schema_type: str) -> None:
-    if (schema_type or "AVRO").upper() != "AVRO":
+def _kind(schema_type: str | None) -> SchemaType:
+    kind = TYPES.get((schema_type or "AVRO").upper())
+    if kind is None:
         raise RegistryError(422, 42201, f"schemaType {schema_type} is not served by this "
-                            "registry: it keeps AVRO schemas only")
+                            f"registry: use one of {', '.join(TYPES)}")
+    return kind
 
 
 def _check_subject(subject: str) -> None:

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tailrace.devservers import free_port
-from tests.fix_sinks import read_kafka
+from tests.fix_registry import RegistryRun
 
 pytestmark = pytest.mark.integration
 
@@ -35,38 +30,16 @@ BIG = "".join(f"{i:08x}" for i in range(4000))  # 32 kB of little redundancy: st
 
 def test_avro_records_read_by_confluents_deserializer_with_schema_evolution(
         pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, total numeric(12,2), "
-                     "placed timestamptz, local_at timestamp, day date, note text, doc jsonb, "
-                     "raw bytea, tags text[], big text)")
-        conn.execute("ALTER TABLE orders ALTER COLUMN big SET STORAGE EXTERNAL")
-    http_port = free_port()
-    topic = f"av{uuid.uuid4().hex[:6]}.orders"
-    pipeline = pg_redis_pipeline(
-        tables="[public.orders]", control_args=("--http-port", str(http_port)),
-        sink=f'{{id: k1, type: kafka, brokers: "{noida_kafka.bootstrap}", topic: "{topic}", '
-             'exactly_once: true, envelope: debezium, format: avro, schema_registry: '
-             f'{{url: "http://127.0.0.1:{http_port}", token_file: "@SERVICE_TOKEN_FILE@"}}}}',
-        extra="  journal: {enabled: true}\n")
-    pipeline.start_all()
-    token = pipeline.service_token_file.read_text().strip()
-    registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{http_port}",
-                                     "basic.auth.user.info": f"tailrace:{token}"})
+    run = RegistryRun(pg_db, pg_redis_pipeline, noida_kafka, "avro",
+                      "CREATE TABLE orders (id bigint PRIMARY KEY, total numeric(12,2), "
+                      "placed timestamptz, local_at timestamp, day date, note text, doc jsonb, "
+                      "raw bytea, tags text[], big text)")
+    registry, pipeline, received = run.registry, run.pipeline, run.received
     values, keys = AvroDeserializer(registry), AvroDeserializer(registry)
-
-    def received() -> list[Any]:
-        known = AdminClient({"bootstrap.servers": noida_kafka.bootstrap}).list_topics(timeout=10)
-        return read_kafka(noida_kafka.bootstrap, [topic]) if topic in known.topics else []
 
     def decoded(messages: list[Any], reader: AvroDeserializer | None = None
                 ) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-        out = []
-        for m in messages:
-            key = keys(m.key(), SerializationContext(topic, MessageField.KEY))
-            value = None if m.value() is None else (reader or values)(
-                m.value(), SerializationContext(topic, MessageField.VALUE))
-            out.append((key, value))
-        return out
+        return run.decoded(messages, keys, reader or values)
 
     placed = dt.datetime(2026, 11, 28, 12, 30, 15, 123456, tzinfo=dt.UTC)
     with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -90,7 +63,7 @@ def test_avro_records_read_by_confluents_deserializer_with_schema_evolution(
     assert value["source"]["table"] == "orders" and value["source"]["connector"] == "postgresql"
     assert first[-1][1]["after"] == {"id": 41, **{c: None for c in (
         "total", "placed", "local_at", "day", "note", "doc", "raw", "tags", "big")}}
-    subject = f"{topic}-value"
+    subject = run.subject
     assert registry.get_versions(subject) == [1]
     v1 = registry.get_version(subject, 1).schema.schema_str
 
@@ -116,12 +89,7 @@ def test_avro_records_read_by_confluents_deserializer_with_schema_evolution(
         conn.execute("INSERT INTO orders (id, total) VALUES (43, 2.5)")
         conn.execute("ALTER TABLE orders ALTER COLUMN total TYPE numeric(12,2)")
         conn.execute("INSERT INTO orders (id, total) VALUES (44, 3.5)")
-    pipeline.wait_for(lambda: len(received()) >= 46, 180, "the record after the refused one")
+    reason = run.refused(46, [1, 2])
     assert [k["id"] for k, _ in decoded(received()[45:])] == [44], "43 was refused, alone"
-    client = pipeline.control_client()
-    [dead] = client.dlq_list(pipeline.spec_path.stem)
-    assert "refused the schema" in dead.reason and "409" in dead.reason, dead.reason
-    assert registry.get_versions(subject) == [1, 2]
-    pipeline.assert_running()
     print(f"\n46 records in Avro; schema versions {registry.get_versions(subject)}; "
-          f"the refused change in the DLQ: {dead.reason[:160]}")
+          f"the refused change in the DLQ: {reason[:160]}")

@@ -371,14 +371,16 @@ def test_an_outbox_processor_is_refused_where_it_could_not_do_what_it_says():
 
 
 @pytest.mark.parametrize(("sink", "problem"), [
-    ("{id: k, type: kafka, brokers: b, format: protobuf}", "format protobuf is not built yet"),
-    ("{id: k, type: kafka, brokers: b, format: json_schema}", "format json_schema is not built"),
+    ("{id: k, type: kafka, brokers: b, format: protobuf, envelope: debezium}",
+     "format protobuf needs schema_registry"),
+    ("{id: k, type: kafka, brokers: b, format: json_schema, schema_registry: {url: 'http://r:1'}}",
+     "format json_schema writes Debezium's change event: set envelope: debezium"),
     ("{id: k, type: kafka, brokers: b, format: avro, schema_registry: {url: 'http://r:1'}}",
      "set envelope: debezium"),
     ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium}",
      "format avro needs schema_registry"),
     ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, schemas_enable: true, "
-     "schema_registry: {url: 'http://r:1'}}", "schemas_enable is for JSON"),
+     "schema_registry: {url: 'http://r:1'}}", "schemas_enable is for format json"),
     ("{id: k, type: kafka, brokers: b, schema_registry: {url: 'http://r:1'}}",
      "schema_registry is for format avro"),
     ("{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, schema_registry: "
@@ -391,9 +393,11 @@ def test_a_kafka_format_that_could_not_work_is_refused_naming_the_field(sink, pr
     assert any(problem in p and "spec.sinks[1]" in p for p in problems), problems
 
 
-def test_format_avro_with_a_registry_loads() -> None:
+@pytest.mark.parametrize("registry_format", ["avro", "json_schema", "protobuf"])
+def test_a_registry_format_with_a_registry_loads(registry_format: str) -> None:
     text = BASE.replace('{id: r1, type: redis, url: "redis://h"}',
-                        "{id: k, type: kafka, brokers: b, format: avro, envelope: debezium, "
-                        "schema_registry: {url: 'http://control:8081', token_file: /t}}")
+                        f"{{id: k, type: kafka, brokers: b, format: {registry_format}, "
+                        "envelope: debezium, schema_registry: {url: 'http://control:8081', "
+                        "token_file: /t}}")
     [sink] = parse_pipeline(text, env={}).spec.sinks
-    assert (sink.format, sink.schema_registry.url) == ("avro", "http://control:8081")
+    assert (sink.format, sink.schema_registry.url) == (registry_format, "http://control:8081")

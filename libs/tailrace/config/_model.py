@@ -315,11 +315,14 @@ class KafkaSinkSpec(_SinkBase):
     # (key and value as {"schema", "payload"}) and `tombstones.on.delete`
     schemas_enable: bool = True
     tombstones_on_delete: bool = True  # envelope debezium: a delete is followed by a null record
-    # json: the envelope as JSON (or protobuf) text; avro: Debezium's change event in Avro,
-    # Confluent's wire format, its schemas registered in schema_registry (needs envelope:
-    # debezium). protobuf and json_schema are not built yet and are refused
+    # json: the envelope as JSON (or protobuf) text; the registry formats write Debezium's
+    # change event in Confluent's wire format (magic byte, schema id, payload), its schemas
+    # registered under {topic}-value and {topic}-key in schema_registry (they need envelope:
+    # debezium): avro (Avro), json_schema (JSON described by a draft-07 JSON Schema),
+    # protobuf (a proto3 message per table, stable field numbers; README: schema registry)
     format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
-    schema_registry: SchemaRegistrySpec | None = None  # where format avro registers schemas
+    # where format avro, json_schema or protobuf registers its schemas
+    schema_registry: SchemaRegistrySpec | None = None
 
     _tpl = field_validator("topic")(classmethod(lambda cls, v: _check_template(v)))
 
@@ -333,22 +336,20 @@ class KafkaSinkSpec(_SinkBase):
 
     @model_validator(mode="after")
     def _format(self) -> Self:
-        if self.format in ("protobuf", "json_schema"):
-            raise ValueError(f"format {self.format} is not built yet; use format avro (or "
-                             "json)")
-        if self.format == "avro":
+        if self.format in ("avro", "json_schema", "protobuf"):
             if self.envelope != "debezium":
-                raise ValueError("format avro writes Debezium's change event in Avro: set "
+                raise ValueError(f"format {self.format} writes Debezium's change event: set "
                                  "envelope: debezium")
             if "schemas_enable" in self.model_fields_set:
-                raise ValueError("schemas_enable is for JSON (the schema travels in the "
-                                 "registry with format avro); remove it")
+                raise ValueError("schemas_enable is for format json (the schema travels in "
+                                 f"the registry with format {self.format}); remove it")
             if self.schema_registry is None:
-                raise ValueError("format avro needs schema_registry: {url: ...}, the control "
-                                 "service's HTTP side (tailrace-control --http-port) or "
-                                 "another Confluent-compatible registry")
+                raise ValueError(f"format {self.format} needs schema_registry: {{url: ...}}, "
+                                 "the control service's HTTP side (tailrace-control "
+                                 "--http-port) or another Confluent-compatible registry")
         elif self.schema_registry is not None:
-            raise ValueError("schema_registry is for format avro; remove it or set format: avro")
+            raise ValueError("schema_registry is for format avro, json_schema or protobuf; "
+                             "remove it or set one of those formats")
         return self
 
     @field_validator("schemas_enable", "tombstones_on_delete")

@@ -30,119 +30,29 @@ server did not send (unchanged, not NULL) is Debezium's placeholder
 cannot be told from NULL, so that event fails alone (to the DLQ with the journal on): set
 REPLICA IDENTITY FULL on such a table. DDL events are not written (the registry's new
 version records the change); a TRUNCATE is Debezium's `op: t` with no row.
+
+`format: json_schema` and `format: protobuf` derive their column types from these (see
+`_json_schema`, `_protobuf`); what every registry format shares is in `_registry_encoder`.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import struct
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from io import BytesIO
 from typing import Any
-from urllib.parse import quote
 
 import fastavro
 
-from tailrace.config import KafkaSinkSpec
-from tailrace.envelopes import (
-    UNAVAILABLE,
-    Record,
-    as_op,
-    changes_key,
-    debezium_connector,
-    debezium_op,
-    debezium_source,
-    debezium_source_fields,
-    debezium_transaction,
-)
-from tailrace.errors import ConfigError, NonRetryableError, RetryableError
-from tailrace.events import ChangeEvent, Column, Op, Value, json_of, key_values
-from tailrace.logs import get_logger, redact
-
-log = get_logger(__name__)
+from tailrace.envelopes import UNAVAILABLE, debezium_connector, debezium_source_fields
+from tailrace.events import ChangeEvent, Column, Value, json_of
+from tailrace_services.delivery.sinks._registry_encoder import RegistryEncoder
 
 CONTENT_TYPE = "application/vnd.confluent.avro"
-_MAGIC = b"\x00"
 
 Converter = Callable[[Value], Any]
-
-
-class RegistryRefused(Exception):
-    """The registry refused a schema (incompatible, invalid): the event cannot be written."""
-
-
-class SchemaRegistryClient:
-    """Registers schemas over Confluent's REST API; a schema's id is cached per process."""
-
-    def __init__(self, url: str, *, token: str | None = None, basic: str | None = None,
-                 timeout_s: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self._headers = {"Content-Type": "application/vnd.schemaregistry.v1+json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        elif basic:
-            self._headers["Authorization"] = "Basic " + base64.b64encode(basic.encode()).decode()
-        self._timeout_s = timeout_s
-        self._ids: dict[tuple[str, str], int] = {}
-
-    def register(self, subject: str, schema: str) -> int:
-        cached = self._ids.get((subject, schema))
-        if cached is not None:
-            return cached
-        body = json.dumps({"schema": schema}).encode()
-        request = urllib.request.Request(
-            f"{self.url}/subjects/{quote(subject, safe='')}/versions",
-            data=body, headers=self._headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s) as answer:
-                schema_id = int(json.loads(answer.read())["id"])
-        except urllib.error.HTTPError as e:
-            detail = _detail(e)
-            if e.code in (401, 403):
-                raise NonRetryableError(f"schema registry {self.url} refused the sink's "
-                                        f"credentials ({e.code}: {detail}); check "
-                                        "schema_registry.token_file or basic_auth_user_info"
-                                        ) from None
-            if e.code in (409, 422):
-                raise RegistryRefused(f"schema registry {self.url} refused the schema of "
-                                      f"subject {subject} ({e.code}: {detail})") from None
-            raise RetryableError(f"schema registry {self.url}: {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
-            raise RetryableError(f"schema registry {self.url} unreachable: "
-                                 f"{redact(str(getattr(e, 'reason', e)))}") from None
-        if (subject, schema) not in self._ids:
-            log.info("avro schema registered", subject=subject, id=schema_id)
-        self._ids[(subject, schema)] = schema_id
-        return schema_id
-
-
-def _detail(error: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.loads(error.read()).get("message", ""))
-    except (ValueError, OSError):
-        return error.reason
-
-
-def registry_client(spec: KafkaSinkSpec) -> SchemaRegistryClient:
-    registry = spec.schema_registry
-    if registry is None:
-        raise ConfigError(f"kafka sink {spec.id}: format avro needs schema_registry.url")
-    token = None
-    if registry.token_file:
-        try:
-            with open(registry.token_file) as f:
-                token = f.readline().strip()
-        except OSError as e:
-            raise ConfigError(f"kafka sink {spec.id}: schema_registry.token_file "
-                              f"{registry.token_file}: {e.strerror}") from None
-    basic = registry.basic_auth_user_info.get_secret_value() \
-        if registry.basic_auth_user_info else None
-    return SchemaRegistryClient(registry.url, token=token, basic=basic)
 
 
 # -- names and types -------------------------------------------------------------------
@@ -271,8 +181,8 @@ def _datum(column: Column, avro: dict[str, Any], convert: Converter) -> Any:
         if avro["type"] == "bytes" and "logicalType" not in avro:
             return UNAVAILABLE.encode()
         raise ValueError(f"column {column.name}: an unchanged TOAST value (not sent by the "
-                         f"server) has no Avro form for {column.type}; set REPLICA IDENTITY "
-                         "FULL on the table")
+                         f"server) has a placeholder in text and bytes columns only, not in "
+                         f"{column.type}; set REPLICA IDENTITY FULL on the table")
     try:
         return convert(column.value)
     except (AttributeError, TypeError) as e:
@@ -293,18 +203,49 @@ def _source_schema(connector: str) -> dict[str, Any]:
                        for name, t, optional in debezium_source_fields(connector)]}
 
 
-class _Table:
-    """One table shape's Avro schemas (value and key) and the converters of its columns."""
+class ColumnTable:
+    """One table shape's columns: their names in the schema, their Avro types (from the
+    source types; the other formats derive theirs from these) and their converters.
+    `finish(avro_type)` turns an Avro datum into the format's own (None: as it is)."""
 
-    def __init__(self, event: ChangeEvent, columns: list[tuple[str, str]]) -> None:
-        namespace = _namespace(event)
-        keys = set(event.key_columns)
+    def __init__(self, event: ChangeEvent, columns: list[tuple[str, str]],
+                 finish: Callable[[dict[str, Any]], Callable[[Any], Any] | None] | None = None
+                 ) -> None:
+        self.namespace = _namespace(event)
+        self.keys = set(event.key_columns)
         self.columns = columns  # (name, source type), in order
         self.names = {name: avro_name(name) for name, _ in columns}
         if len(set(self.names.values())) != len(self.names):
-            raise ValueError(f"columns {sorted(self.names)} are not distinct as Avro names")
+            raise ValueError(f"columns {sorted(self.names)} are not distinct as schema names")
         self.types = {name: avro_type(t) for name, t in columns}
         self.converters = {name: converter(self.types[name], name) for name, _ in columns}
+        self._finish = {name: finish(self.types[name]) for name, _ in columns} if finish else {}
+
+    def datum(self, column: Column) -> Any:
+        value = _datum(column, self.types[column.name], self.converters[column.name])
+        done = self._finish.get(column.name)
+        return value if done is None or value is None else done(value)
+
+    def row(self, columns: Sequence[Column]) -> dict[str, Any] | None:
+        if not columns:
+            return None
+        given = {c.name: c for c in columns}
+        return {self.names[name]: self.datum(given[name]) if name in given else None
+                for name, _ in self.columns}
+
+    def key_datum(self, columns: Sequence[Column]) -> dict[str, Any]:
+        return {self.names[c.name]: self.datum(c) for c in columns}
+
+
+class _AvroTable(ColumnTable):
+    """One table shape's Avro schemas (value and key)."""
+
+    history = None  # Avro keeps none: its resolution rules let a dropped field go
+
+    def __init__(self, event: ChangeEvent, columns: list[tuple[str, str]],
+                 history: None = None) -> None:
+        super().__init__(event, columns)
+        namespace, keys = self.namespace, self.keys
         fields = [{"name": self.names[n], "type": self.types[n]} if n in keys else
                   {"name": self.names[n], "type": ["null", self.types[n]], "default": None}
                   for n, _ in columns]
@@ -332,114 +273,26 @@ class _Table:
         self.key_schema = json.dumps(
             {"type": "record", "name": "Key", "namespace": namespace, "fields": key_fields}
             if key_fields else {"type": "string"})  # keyless: the table's name
-        self.parsed_value = fastavro.parse_schema(json.loads(self.value_schema))
-        self.parsed_key = fastavro.parse_schema(json.loads(self.key_schema))
+        self._parsed_value = fastavro.parse_schema(json.loads(self.value_schema))
+        self._parsed_key = fastavro.parse_schema(json.loads(self.key_schema))
 
-    def row(self, columns: Any) -> dict[str, Any] | None:
-        if not columns:
-            return None
-        given = {c.name: c for c in columns}
-        return {self.names[name]: _datum(given[name], self.types[name], self.converters[name])
-                if name in given else None for name, _ in self.columns}
+    def encode_value(self, datum: dict[str, Any]) -> bytes:
+        return _written(self._parsed_value, datum)
 
-
-def _shape(event: ChangeEvent) -> list[tuple[str, str]]:
-    seen: dict[str, str] = {}
-    for column in [*event.after.columns, *event.before.columns]:
-        seen.setdefault(column.name, column.type)
-    return list(seen.items())
+    def encode_key(self, datum: Any) -> bytes:
+        return _written(self._parsed_key, datum)
 
 
-class AvroEncoder:
-    """`Encoder`'s part for `format: avro`: each event's keyed messages, in order."""
+class AvroEncoder(RegistryEncoder):
+    """`Encoder`'s part for `format: avro`."""
 
     content_type = CONTENT_TYPE
-
-    def __init__(self, spec: KafkaSinkSpec, registry: SchemaRegistryClient,
-                 topic_of: Callable[[ChangeEvent], str]) -> None:
-        self._tombstones = spec.tombstones_on_delete
-        self._registry = registry
-        self._topic_of = topic_of
-        self._tables: dict[tuple[str, ...], _Table] = {}  # by (table, column shape)
-        self._latest: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
-        self._tx: str | None = None
-        self._per_table: dict[str, int] = {}
-
-    def records(self, event: ChangeEvent) -> list[Record]:
-        """[] for a DDL event (see the module's docstring)."""
-        if event.HasField("outbox"):  # an outbox processor's message, as the row says it
-            box = event.outbox
-            return [Record(box.key, box.payload,
-                           headers=tuple((h.name, h.value) for h in box.headers))]
-        if event.op == Op.OP_DDL:
-            return []
-        order = self._collection_order(event)
-        table = self._table(event)
-        topic = self._topic_of(event)
-        if changes_key(event):
-            old, new = as_op(event, Op.OP_DELETE), as_op(event, Op.OP_INSERT)
-            records = [Record(self._key(old, table, topic), self._value(old, table, topic, order),
-                              "delete")]
-            if self._tombstones:
-                records.append(Record(records[0].key, None, "tombstone"))
-            records.append(Record(self._key(new, table, topic),
-                                  self._value(new, table, topic, order)))
-            return records
-        key = self._key(event, table, topic)
-        records = [Record(key, self._value(event, table, topic, order))]
-        if self._tombstones and event.op == Op.OP_DELETE and event.key_columns:
-            records.append(Record(key, None, "tombstone"))
-        return records
-
-    def _table(self, event: ChangeEvent) -> _Table:
-        name = (event.source_id, event.database, event.schema, event.table)
-        shape = tuple(_shape(event))
-        latest = self._latest.get(name)
-        if latest is not None and set(shape) <= set(latest):
-            shape = latest  # a delete's key-only image, say: the table's full shape
-        table = self._tables.get((*name, *map(str, shape)))
-        if table is None:
-            table = self._tables[(*name, *map(str, shape))] = _Table(event, list(shape))
-        self._latest[name] = shape
-        return table
-
-    def _value(self, event: ChangeEvent, table: _Table, topic: str, order: int) -> bytes:
-        schema_id = self._id(f"{topic}-value", table.value_schema)
-        ts_us = event.ts_captured_micros or event.ts_source_micros
-        datum = {
-            "before": table.row(event.before.columns), "after": table.row(event.after.columns),
-            "source": debezium_source(event), "op": debezium_op(event),
-            "ts_ms": ts_us // 1000, "ts_us": ts_us, "ts_ns": ts_us * 1000,
-            "transaction": debezium_transaction(event, order),
-        }
-        return _framed(schema_id, table.parsed_value, datum)
-
-    def _key(self, event: ChangeEvent, table: _Table, topic: str) -> bytes:
-        schema_id = self._id(f"{topic}-key", table.key_schema)
-        if not event.key_columns:
-            name = ".".join(p for p in (event.database, event.schema, event.table) if p)
-            return _framed(schema_id, table.parsed_key, name)
-        datum = {table.names[c.name]: _datum(c, table.types[c.name], table.converters[c.name])
-                 for c in key_values(event)}
-        return _framed(schema_id, table.parsed_key, datum)
-
-    def _id(self, subject: str, schema: str) -> int:
-        try:
-            return self._registry.register(subject, schema)
-        except RegistryRefused as e:
-            raise ValueError(str(e)) from None  # this event fails alone, with the reason
-
-    def _collection_order(self, event: ChangeEvent) -> int:
-        if event.tx_id != self._tx or event.tx_index == 0:
-            self._tx, self._per_table = event.tx_id, {}
-        table = ".".join((event.database, event.schema, event.table))
-        self._per_table[table] = self._per_table.get(table, 0) + 1
-        return self._per_table[table]
+    schema_type = "AVRO"
+    table = _AvroTable
 
 
-def _framed(schema_id: int, parsed: Any, datum: Any) -> bytes:
+def _written(parsed: Any, datum: Any) -> bytes:
     out = BytesIO()
-    out.write(_MAGIC + struct.pack(">I", schema_id))
     try:
         fastavro.schemaless_writer(out, parsed, datum)
     except (ValueError, TypeError, AttributeError) as e:

@@ -40,17 +40,14 @@ from tailrace.envelopes import Encoder, Record
 from tailrace.errors import ConfigError, FatalError, NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Op, Position
 from tailrace.logs import get_logger, kafka_logger, redact
-from tailrace_services.delivery.sinks._avro import (
-    AvroEncoder,
-    SchemaRegistryClient,
-    registry_client,
-)
+from tailrace_services.delivery.sinks._avro import AvroEncoder
 from tailrace_services.delivery.sinks._common import (
     checkpoint_name,
     describe,
     destination,
     headers,
 )
+from tailrace_services.delivery.sinks._json_schema import JsonSchemaEncoder
 from tailrace_services.delivery.sinks._kafka_errors import (
     AUTH,
     FENCED,
@@ -68,6 +65,9 @@ from tailrace_services.delivery.sinks._kafka_tx import (
     TransactionalWriter,
     produce_all,
 )
+from tailrace_services.delivery.sinks._protobuf import ProtobufEncoder
+from tailrace_services.delivery.sinks._registry import registry_client
+from tailrace_services.delivery.sinks._registry_encoder import RegistryEncoder
 from tailrace_services.delivery.sinks.base import (
     BatchCommit,
     PerEventError,
@@ -83,6 +83,8 @@ log = get_logger(__name__)
 
 CHECKPOINT_TOPIC = "__tailrace_checkpoints"
 _ROW_OPS = (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_SNAPSHOT_READ)
+_REGISTRY_FORMATS: dict[str, type[RegistryEncoder]] = {
+    "avro": AvroEncoder, "json_schema": JsonSchemaEncoder, "protobuf": ProtobufEncoder}
 MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's message.max.bytes default
 
 
@@ -137,7 +139,7 @@ class KafkaSink(Sink):
         self._keyless: set[tuple[str, str, str]] = set()  # tables already warned about
         self._debezium = {"schemas": spec.schemas_enable, "tombstones": spec.tombstones_on_delete
                           } if spec.envelope == "debezium" else {}
-        self._registry: SchemaRegistryClient | None = None  # format avro
+        self._registered: RegistryEncoder | None = None  # a registry format's, for the sink's life
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -232,7 +234,7 @@ class KafkaSink(Sink):
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
                 continue
-            size = max((m.size for m in msgs), default=0)  # none: a DDL event in Avro
+            size = max((m.size for m in msgs), default=0)  # none: DDL in a registry format
             if size > self._max_bytes:
                 failures.append((i, f"message too large: {size} bytes > message.max.bytes "
                                     f"{self._max_bytes}"))
@@ -242,15 +244,19 @@ class KafkaSink(Sink):
                                 f"written; first: {failures[0][1]}", failures)
         return messages
 
-    def _encoder(self) -> Encoder | AvroEncoder:
-        """A new one per batch (it counts `data_collection_order`); Avro's registry client
-        and its ids are kept for the sink's life."""
-        if self._spec.format != "avro":
+    def _encoder(self) -> Encoder | RegistryEncoder:
+        """One per batch (it counts `data_collection_order`): a new `Encoder`, or the
+        registry format's, kept for the sink's life with its registry client, schema ids
+        and table schemas, started again."""
+        registry_format = _REGISTRY_FORMATS.get(self._spec.format)
+        if registry_format is None:
             return Encoder(self._spec.envelope, **self._debezium)
-        if self._registry is None:
-            self._registry = registry_client(self._spec)
-        return AvroEncoder(self._spec, self._registry,
-                           lambda event: destination(self._spec.topic, event))
+        if self._registered is None:
+            self._registered = registry_format(
+                self._spec, registry_client(self._spec),
+                lambda event: destination(self._spec.topic, event))
+        self._registered.new_batch()
+        return self._registered
 
     def _warn_keyless(self, event: ChangeEvent) -> None:
         table = (event.database, event.schema, event.table)
