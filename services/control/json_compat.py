@@ -203,7 +203,10 @@ class _Check:
         if any(k in r or k in w for k in _OBJECT_KEYS):
             found += self._object(r, w, at)
         if isinstance(r.get("items"), dict | bool):
-            found += self.reads(r["items"], w.get("items", True), f"{at}[]")
+            if isinstance(w.get("items"), list):  # tuple items written: not reasoned about
+                found.append(f"{where}: items is a list (tuple items) before, one schema now")
+            else:
+                found += self.reads(r["items"], w.get("items", True), f"{at}[]")
         others = set(r) - _ANNOTATIONS - _CHECKED
         if isinstance(r.get("items"), list):
             others.add("items")  # tuple items: compared as a whole
@@ -218,6 +221,8 @@ class _Check:
         r_props, w_props = r.get("properties", {}), w.get("properties", {})
         r_required, w_required = set(r.get("required", [])), set(w.get("required", []))
         r_more, w_more = r.get("additionalProperties", True), w.get("additionalProperties", True)
+        if w.get("patternProperties"):
+            w_more = True  # old data may hold properties the patterns allowed: open
         for name, prop in r_props.items():
             path = f"{at}.{name}" if at else name
             if name in w_props:

@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 
-from tailrace.devservers.proxy import kafka_request
+from tailrace.devservers.proxy import before_bytes, kafka_request
 from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, TRANSACTIONS, wire
 from tests.fix_matrix import count_values
 from tests.fix_pipeline import reached, write_account_tx
@@ -22,9 +23,16 @@ from tests.fix_pipeline import reached, write_account_tx
 pytestmark = pytest.mark.chaos
 
 
-# what a sink sends between opening its transaction and committing it
-IN_TRANSACTION = {"redis": lambda chunk: b"$4\r\nEXEC\r\n" in chunk,  # MULTI, XADDs, SET, EXEC
-                  "kafka": kafka_request(26)}  # EndTxn: its produce requests went before it
+# where a sink's transaction is cut: Redis's EXEC (MULTI, the XADDs and the SET reach the
+# server before it); Kafka's EndTxn request (its produce requests went before it)
+IN_TRANSACTION = {"redis": before_bytes(b"*1\r\n$4\r\nEXEC\r\n"), "kafka": kafka_request(26)}
+
+
+def transaction_calls(url: str) -> tuple[int, int]:
+    """How many MULTI and EXEC the Redis server has run."""
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return (stats.get("cmdstat_multi", {}).get("calls", 0),
+            stats.get("cmdstat_exec", {}).get("calls", 0))
 
 
 @pytest.mark.parametrize("kind", ["redis", "kafka"])
@@ -47,6 +55,8 @@ def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
         for t in range(BEFORE):
             write_account_tx(conn, t, KEYS)
         pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        redis_url = request.getfixturevalue("redis_server").url
+        armed_at = transaction_calls(redis_url)
         proxy.cut_before(IN_TRANSACTION[kind])
         written = BEFORE
         while not proxy.cuts_made.is_set() and written < DURING:
@@ -55,6 +65,10 @@ def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
             pipeline.wait_for(lambda w=written: proxy.cuts_made.is_set()
                               or delivered_up_to() == w - 1, 120, "the next batch")
         assert proxy.cuts_made.is_set(), "the link was cut inside a sink transaction"
+        if kind == "redis":  # MULTI reached the server, its EXEC did not
+            multi, execs = transaction_calls(redis_url)
+            assert multi > armed_at[0] and execs == armed_at[1] + (multi - armed_at[0] - 1), \
+                f"MULTI/EXEC calls {armed_at} when armed, {(multi, execs)} at the cut"
         inside = delivered_up_to()
         cut_at = time.monotonic()
         while time.monotonic() - cut_at < CUT_S:

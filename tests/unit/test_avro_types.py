@@ -59,3 +59,22 @@ def test_values_become_avro_data_and_what_does_not_fit_fails_naming_the_column()
 def test_names_are_avro_names() -> None:
     assert avro_name("order-lines") == "order_lines"
     assert avro_name("2fa") == "_2fa"
+
+
+@pytest.mark.parametrize("source, text", [
+    ("timestamp with time zone", "infinity"), ("timestamp without time zone", "-infinity"),
+    ("date", "infinity"), ("date", "0044-03-15 BC"), ("time without time zone", "24:00:00")])
+def test_a_value_kept_as_text_fails_its_event_instead_of_reading_as_zero(
+        source: str, text: str) -> None:
+    """PostgreSQL keeps what has no timestamp/date/time form as text; an unset field of the
+    expected kind would be 0 (1970-01-01) in Avro, JSON Schema and Protobuf alike."""
+    with pytest.raises(ValueError, match=f"column c: '{text}' has no"):
+        converter(avro_type(source), "c")(Value(text_value=text))
+
+
+def test_decimals_are_written_as_plain_text() -> None:
+    from tailrace_services.delivery.sinks._avro import plain_decimal
+
+    assert plain_decimal(Decimal("0E-10")) == "0.0000000000"
+    assert plain_decimal(Decimal("1.000E-7")) == "0.0000001000"
+    assert plain_decimal(Decimal("-12.50")) == "-12.50"

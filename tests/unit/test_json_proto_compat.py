@@ -52,6 +52,12 @@ def test_json_added_optional_properties_and_wider_types_are_compatible() -> None
     (obj({"d": {"type": "string", "connect.parameters": {"scale": 4}}}, ()),
      obj({"d": {"type": "string", "connect.parameters": {"scale": 2}}}, ()),
      "connect.parameters"),
+    (obj({**ID, "ab": {"type": "string"}}),
+     obj(ID, patternProperties={"^a": {"type": "integer"}}),
+     "ab: added to an open object"),  # closed, but its patterns allowed {"ab": 5}
+    (obj({"l": {"type": "array", "items": {"type": "integer"}}}, ()),
+     obj({"l": {"type": "array", "items": [{"type": "integer"}]}}, ()),
+     "items is a list (tuple items) before"),
 ])
 def test_json_changes_that_old_data_may_not_pass_are_refused(
         new: json_compat.Doc, old: json_compat.Doc, found: str) -> None:

@@ -11,9 +11,10 @@ Two finer faults, for what a client cannot tell from a cut:
   connection closed: the client cannot know whether its transaction committed;
 - `slow(delay_s, bytes_per_s)`: every chunk waits `delay_s` and is sent at most
   `bytes_per_s` (a slow, thin link); `slow()` undoes it;
-- `cut_before(match)`: the first request `match` accepts is not forwarded and the link is
-  cut there, so a client is cut in the middle of what it was doing (between a Kafka
-  transaction's produce and its `EndTxn`, between Redis's `MULTI` and `EXEC`);
+- `cut_before(match)`: the link is cut at the first request `match` finds: what comes
+  before the match is forwarded, the rest never reaches the server, so a client is cut in
+  the middle of what it was doing (between a Kafka transaction's produce and its
+  `EndTxn`, between Redis's `MULTI` and `EXEC`);
 - `cut(clients=...)`: only the connections of some processes are cut (delivery's from the
   bus while capture's go on), found by who owns the client end of each connection.
 
@@ -39,20 +40,27 @@ from typing import Self
 
 from tailrace.devservers._process import LOOPBACK, free_port
 
-__all__ = ["TcpProxy", "kafka_request"]
+__all__ = ["TcpProxy", "before_bytes", "kafka_request"]
 
 _CHUNK = 65536
 _TRICKLE = 1024  # bytes sent at a time on a slow link
 
 
-Match = Callable[[bytes], bool]
+Match = Callable[[bytes], int | None]  # where in the data to cut; None: not here
 Clients = Callable[[], Iterable[int]]
 
 
 def kafka_request(api_key: int) -> Match:
-    """A `cut_before` match for a Kafka request frame of `api_key` (26: EndTxn, 0: Produce)."""
+    """A `cut_before` match for a Kafka request frame of `api_key` (26: EndTxn, 0: Produce):
+    the frame is not forwarded."""
     key = struct.pack(">h", api_key)
-    return lambda frame: frame[4:6] == key
+    return lambda frame: 0 if frame[4:6] == key else None
+
+
+def before_bytes(pattern: bytes) -> Match:
+    """A `cut_before` match for `pattern` in what a client sends: the bytes before it are
+    forwarded (within one read; a pattern split across reads is not found)."""
+    return lambda chunk: at if (at := chunk.find(pattern)) >= 0 else None
 
 
 class _Pair:
@@ -143,9 +151,10 @@ class TcpProxy:
         self.start()
 
     def cut_before(self, match: Match) -> None:
-        """Arm once: the first client request `match` accepts (a chunk as read, a whole
-        frame with `kafka=True`) is dropped and the whole link cut, as `cut()` does;
-        `cuts_made` is set then. `restore()` brings it back."""
+        """Arm once: at the first client request `match` finds (in a chunk as read, a whole
+        frame with `kafka=True`), what precedes the match is forwarded, the rest dropped,
+        and the whole link cut, as `cut()` does; `cuts_made` is set then. `restore()`
+        brings it back."""
         self.cuts_made.clear()
         self._cut_before = match
 
@@ -174,8 +183,7 @@ class TcpProxy:
                 client, (_, client_port) = listener.accept()
             except OSError:
                 return
-            clients = self._cut_clients
-            if clients is not None and client_port in _ports_of(clients(), self.port):
+            if self._refused(client_port):
                 _close(client)  # this process is cut off; the others are not
                 continue
             try:
@@ -189,12 +197,27 @@ class TcpProxy:
                     _close(client)
                     _close(upstream)
                     return
+                if self._refused(client_port):  # cut(clients=) ran while connecting
+                    _close(client)
+                    _close(upstream)
+                    continue
                 self._conns.update((client, upstream))
                 pair = _Pair(client, upstream, client_port)
                 self._pairs.add(pair)
             for src, dst, upwards in ((client, upstream, True), (upstream, client, False)):
                 threading.Thread(target=self._pump, args=(src, dst, pair, upwards),
                                  daemon=True).start()
+
+    def _refused(self, client_port: int) -> bool:
+        """Whether a process cut off by `cut(clients=)` owns this connection's client end;
+        a process that cannot be looked at (gone) owns nothing."""
+        clients = self._cut_clients
+        if clients is None:
+            return False
+        try:
+            return client_port in _ports_of(clients(), self.port)
+        except Exception:  # noqa: BLE001 - the accept loop must go on whatever the lookup does
+            return False
 
     def _drop(self, pair: _Pair) -> None:
         with self._lock:
@@ -208,7 +231,10 @@ class TcpProxy:
         ours = struct.pack(">i", self.port)
         try:
             for data in (_frames(src) if self.kafka else iter(lambda: src.recv(_CHUNK), b"")):
-                if upwards and self._cut_before is not None and self._matches(data):
+                if upwards and self._cut_before is not None and \
+                        (at := self._matches(data)) is not None:
+                    if at:
+                        self._send(dst, data[:at])
                     threading.Thread(target=self._cut_now, daemon=True).start()
                     break
                 if self.kafka and not upwards:  # the broker's own address -> ours
@@ -229,14 +255,14 @@ class TcpProxy:
         # One side ended or failed: end both so the other pump returns as well.
         self._drop(pair)
 
-    def _matches(self, data: bytes) -> bool:
-        """Whether `data` is the armed `cut_before` request (then disarmed: once only)."""
+    def _matches(self, data: bytes) -> int | None:
+        """Where the armed `cut_before` match cuts `data` (then disarmed: once only)."""
         with self._lock:
             match = self._cut_before
-            if match is None or not match(data):
-                return False
-            self._cut_before = None
-            return True
+            at = None if match is None else match(data)
+            if at is not None:
+                self._cut_before = None
+            return at
 
     def _cut_now(self) -> None:
         self.cut()
@@ -295,7 +321,7 @@ def _ports_of(pids: Iterable[int], server_port: int) -> set[int]:
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local, remote, inode = fields[1], fields[2], fields[9]
-        if int(remote.rsplit(":", 1)[1], 16) == server_port:
+        if remote == f"0100007F:{server_port:04X}":  # 127.0.0.1, as /proc writes it
             inodes[f"socket:[{inode}]"] = int(local.rsplit(":", 1)[1], 16)
     ports: set[int] = set()
     for pid in pids:

@@ -146,21 +146,41 @@ def converter(avro: dict[str, Any], column: str) -> Converter:
             return number
         return decimal
     if logical in ("timestamp-micros", "local-timestamp-micros"):
-        return lambda v: v.timestamp_value.epoch_micros
+        return _checked(column, logical, ("timestamp_value",),
+                        lambda v: v.timestamp_value.epoch_micros)
     if logical == "date":
-        return lambda v: v.date_value
+        return _checked(column, logical, ("date_value",), lambda v: v.date_value)
     if logical == "time-micros":
-        return lambda v: v.time_value
+        return _checked(column, logical, ("time_value",), lambda v: v.time_value)
     if kind_of == "boolean":
-        return lambda v: v.bool_value
+        return _checked(column, kind_of, ("bool_value",), lambda v: v.bool_value)
     if kind_of in ("int", "long"):
-        return lambda v: v.uint_value if v.WhichOneof("kind") == "uint_value" else v.int_value
+        return _checked(column, kind_of, ("int_value", "uint_value"),
+                        lambda v: v.uint_value if v.WhichOneof("kind") == "uint_value"
+                        else v.int_value)
     if kind_of in ("float", "double"):
-        return lambda v: v.float_value
+        return _checked(column, kind_of, ("float_value",), lambda v: v.float_value)
     if kind_of == "bytes":
         return lambda v: v.bytes_value if v.WhichOneof("kind") == "bytes_value" \
             else str(json_of(v)).encode()
     return _text
+
+
+def plain_decimal(number: Decimal) -> str:
+    """A decimal as Debezium writes its text: `0.0000000000`, never `0E-10`."""
+    return format(number, "f")
+
+
+def _checked(column: str, typed: str, kinds: tuple[str, ...],
+             convert: Converter) -> Converter:
+    """`convert`, for values of `kinds` only: a value the source kept as text because it
+    has no such form (PostgreSQL's `infinity`, a BC date, `24:00:00`) would read as 0 from
+    an unset field; it fails its event instead (the DLQ names the column)."""
+    def checked(v: Value) -> Any:
+        if v.WhichOneof("kind") not in kinds:
+            raise ValueError(f"column {column}: {json_of(v)!r} has no {typed} form")
+        return convert(v)
+    return checked
 
 
 def _text(v: Value) -> str:

@@ -44,7 +44,7 @@ from typing import Any
 
 from tailrace.envelopes import debezium_connector, debezium_source_fields
 from tailrace.events import ChangeEvent
-from tailrace_services.delivery.sinks._avro import ColumnTable
+from tailrace_services.delivery.sinks._avro import ColumnTable, plain_decimal
 from tailrace_services.delivery.sinks._registry_encoder import RegistryEncoder
 
 CONTENT_TYPE = "application/vnd.confluent.jsonschema"
@@ -95,7 +95,7 @@ def json_finish(avro: dict[str, Any]) -> Callable[[Any], Any] | None:
         item = json_finish(avro["items"][1])
         return None if item is None else lambda v: [None if i is None else item(i) for i in v]
     if logical == "decimal":
-        return str
+        return plain_decimal
     if logical == "timestamp-micros":
         return _iso
     if kind in ("float", "double"):

@@ -80,18 +80,31 @@ class BrokerReach:
         """A call went through: the brokers answer."""
         self.down_since = None
 
-    def check(self) -> None:
-        if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
+    def check(self, producer: Producer) -> None:
+        """Raise once every broker has been down for DOWN_S and still does not answer:
+        librdkafka says when brokers go down (also an idle connection the broker closed),
+        never when they are back, so a metadata request asks them first."""
+        if self.down_since is None or time.monotonic() - self.down_since < DOWN_S:
+            return
+        try:
+            producer.list_topics(timeout=1.0)
+        except KafkaException:
             raise KafkaException(KafkaError(
                 KafkaError._ALL_BROKERS_DOWN,
                 f"no broker reachable for {time.monotonic() - self.down_since:.0f} s "
-                f"({self.error})"))
+                f"({self.error})")) from None
+        self.up()
 
     def wait(self, producer: Producer, call: Callable[[float], Any], timeout_s: float) -> Any:
         """`call(timeout)` (init_transactions, commit_transaction, flush) in slices until
-        `timeout_s`: librdkafka lets a timed-out transactional call be made again, and a
-        flush that left messages is simply called again. Gives up early on `check`."""
+        `timeout_s`: librdkafka lets a timed-out transactional call be made again ("it is
+        okay to call this function again"; it advises an infinite timeout against state
+        desynchronization, which matters little here: a writer that failed is thrown away
+        and the next one starts with init_transactions), and a flush that left messages is
+        simply called again. Gives up early on `check`; a flush that got messages out
+        shows the brokers answer."""
         deadline = time.monotonic() + timeout_s
+        left_before: int | None = None
         while True:
             left = deadline - time.monotonic()
             try:
@@ -107,8 +120,11 @@ class BrokerReach:
                     if not result:
                         self.up()
                     return result
+                if left_before is not None and result < left_before:
+                    self.up()  # messages went out: the brokers answer
+                left_before = result
             producer.poll(0)  # serves error_cb
-            self.check()
+            self.check(producer)
 
 
 def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], errors: DeliveryErrors,

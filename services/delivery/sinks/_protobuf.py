@@ -45,7 +45,7 @@ from google.protobuf.message import DecodeError, Message
 
 from tailrace.envelopes import debezium_connector, debezium_source_fields
 from tailrace.events import ChangeEvent
-from tailrace_services.delivery.sinks._avro import ColumnTable
+from tailrace_services.delivery.sinks._avro import ColumnTable, plain_decimal
 from tailrace_services.delivery.sinks._registry_encoder import RegistryEncoder
 
 CONTENT_TYPE = "application/vnd.confluent.protobuf"
@@ -111,7 +111,7 @@ def proto_finish(avro: dict[str, Any]) -> Callable[[Any], Any] | None:
     if avro["type"] == "array":
         item = proto_finish(avro["items"][1])
         return None if item is None else lambda v: [None if i is None else item(i) for i in v]
-    return str if avro.get("logicalType") == "decimal" else None
+    return plain_decimal if avro.get("logicalType") == "decimal" else None
 
 
 class Field(NamedTuple):

@@ -27,6 +27,7 @@ by it keeps them, and a tombstone has no `content-type` (it has no content).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -185,8 +186,6 @@ class KafkaSink(Sink):
             left = self._reach.wait(producer, producer.flush,
                                     max(deadline - time.monotonic(), 0.1))
             if left:
-                producer.purge(in_queue=True, in_flight=False)
-                producer.flush(0)
                 raise KafkaException(KafkaError(
                     KafkaError._MSG_TIMED_OUT,
                     f"{left} of {len(messages)} message(s) not acknowledged within "
@@ -194,6 +193,11 @@ class KafkaSink(Sink):
             if errors:
                 raise KafkaException(next(iter(errors.values())))
         except Exception as e:
+            # What is still queued is not sent after the failure: the retry produces the
+            # batch again (left queued, each retry during an outage would add a copy).
+            with contextlib.suppress(Exception):
+                producer.purge(in_queue=True, in_flight=False)
+                producer.flush(0)
             err = kafka_error_of(e)
             if err is not None and err.fatal():
                 self._producer = None  # an idempotence failure: a new producer, then retry

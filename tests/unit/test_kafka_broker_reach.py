@@ -1,0 +1,68 @@
+"""`BrokerReach`: a Kafka call gives up early only while no broker answers (pure logic; the
+cut itself: tests/chaos/test_network_cuts.py[sink-kafka])."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from tailrace_services.delivery.sinks import _kafka_tx
+from tailrace_services.delivery.sinks._kafka_tx import DOWN_S, BrokerReach
+
+
+class Producer:
+    """What `wait` and `check` call on a producer: flush (messages left), poll, metadata."""
+
+    def __init__(self, left: list[int], answers: bool) -> None:
+        self.left, self.answers, self.asked = left, answers, 0
+
+    def flush(self, timeout: float) -> int:
+        return self.left.pop(0) if len(self.left) > 1 else self.left[0]
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def list_topics(self, timeout: float) -> Any:
+        self.asked += 1
+        if not self.answers:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+        return object()
+
+
+def down_long_ago(reach: BrokerReach) -> None:
+    reach.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert reach.down_since is not None
+    reach.down_since -= DOWN_S + 1
+
+
+@pytest.fixture(autouse=True)
+def short_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kafka_tx, "_SLICE_S", 0.01)
+
+
+def test_brokers_that_answer_metadata_are_not_given_up_on() -> None:
+    """An all-brokers-down report (an idle connection the broker closed) and then a slow
+    flush: the brokers answer a metadata request, so the call goes on."""
+    reach, producer = BrokerReach(), Producer([3, 3, 0], answers=True)
+    down_long_ago(reach)
+    assert reach.wait(producer, producer.flush, 5.0) == 0  # type: ignore[arg-type]
+    assert producer.asked >= 1 and reach.down_since is None
+
+
+def test_brokers_that_stay_down_end_the_call_early_naming_it() -> None:
+    reach, producer = BrokerReach(), Producer([3], answers=False)
+    down_long_ago(reach)
+    started = time.monotonic()
+    with pytest.raises(KafkaException, match="no broker reachable for"):
+        reach.wait(producer, producer.flush, 30.0)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+
+
+def test_messages_going_out_show_the_brokers_answer() -> None:
+    reach, producer = BrokerReach(), Producer([5, 4, 0], answers=False)
+    reach.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert reach.wait(producer, producer.flush, 5.0) == 0  # type: ignore[arg-type]
+    assert reach.down_since is None
