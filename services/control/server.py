@@ -146,8 +146,9 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
         server)
     rpc.add_DeadLettersServicer_to_server(DeadLettersServicer(DeadLetterStore(storage)), server)
     snapshots = SnapshotService(SnapshotStore(storage), PipelineRegistry(storage, health_store))
-    rpc.add_AdminServicer_to_server(AdminServicer(
-        pipelines, checkpoints, epochs, SinkStarts(checkpoints, epochs, snapshots)), server)
+    starts = SinkStarts(storage, checkpoints, epochs, snapshots)
+    rpc.add_AdminServicer_to_server(AdminServicer(pipelines, checkpoints, epochs, starts),
+                                    server)
     rpc.add_AuditServicer_to_server(AuditServicer(audit), server)
     rpc.add_LeasesServicer_to_server(LeasesServicer(LeaseStore(storage)), server)
     rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(snapshots), server)

@@ -9,16 +9,18 @@ the sink (a managed pipeline's new version, a spec file changed).
   skips what came before. An epoch covers only transactions capture had read when it was
   recorded, and epochs only move forwards: every change committed after the registration
   lies past the epoch read here, so none is skipped (an epoch recorded meanwhile only
-  means the sink gets a little more). With no epoch recorded yet the first checkpoint is
-  the origin: the sink gets everything, as the others.
+  means the sink gets a little more). With no epoch recorded yet nothing was published:
+  the sink keeps no checkpoint and gets everything, as the others; a marker
+  (`<source>::started::<sink>`) says it was placed, so a later registration, once epochs
+  exist, does not place it past what was published meanwhile.
 - `snapshot`: as `now`, and every table capture selected is queued for a whole read
   (snapshots.py) after the epoch was read and before the checkpoint is stored: its read
   events are published after that epoch, so the sink gets them all — and so do the
   pipeline's other sinks.
 
-The checkpoint is stored by compare-and-set on "none yet": a sink that has one is never
-moved, and of two registrations at once (capture and delivery reloading a new version)
-one makes it. A crash between the snapshot request and the checkpoint leaves the sink
+The checkpoint (or the marker) is stored by compare-and-set on "none yet": a sink that
+has one is never moved, and of two registrations at once (capture and delivery reloading
+a new version) one makes it. A crash between the snapshot request and the checkpoint leaves the sink
 without one, so the next registration does both again.
 """
 
@@ -31,13 +33,20 @@ from tailrace.proto import control_pb2 as pb
 from tailrace_services.control.checkpoints import CheckpointStore
 from tailrace_services.control.epochs import EpochStore
 from tailrace_services.control.snapshots import SnapshotService
+from tailrace_services.control.storage import CasConflict, Storage
 
 log = get_logger(__name__)
 
 
+def started_key(source_id: str, sink_id: str) -> str:
+    """Set once a sink was placed at the pipeline's beginning (no epoch yet)."""
+    return f"{source_id}::started::{sink_id}"
+
+
 class SinkStarts:
-    def __init__(self, checkpoints: CheckpointStore, epochs: EpochStore,
+    def __init__(self, storage: Storage, checkpoints: CheckpointStore, epochs: EpochStore,
                  snapshots: SnapshotService) -> None:
+        self._storage = storage
         self._checkpoints = checkpoints
         self._epochs = epochs
         self._snapshots = snapshots
@@ -51,7 +60,8 @@ class SinkStarts:
             for sink in info.sinks:
                 if sink.start in ("", "earliest"):
                     continue
-                if self._checkpoints.get(info.source_id, sink.id) is not None:
+                if self._checkpoints.get(info.source_id, sink.id) is not None or \
+                        self._storage.kv_get(started_key(info.source_id, sink.id)):
                     continue  # it resumes from its own, whatever the spec says now
                 done = self._place(info, sink)
                 if done is not None:
@@ -69,16 +79,22 @@ class SinkStarts:
         tables: list[str] = []
         note = "" if latest is not None else (
             f"source {info.source_id} has recorded no epoch yet: the sink starts at the "
-            "pipeline's beginning, as the others")
+            "pipeline's beginning, as the others (no checkpoint until its first batch)")
         if sink.start == "snapshot":
             tables, why = self._snapshots.request_for_sink(info, sink.id)
             note = "; ".join(filter(None, [note, why]))
-        committed, current = self._checkpoints.commit(cp, 0)
+        if latest is not None:
+            committed, current = self._checkpoints.commit(cp, 0)
+        else:  # no checkpoint: delivery plans it from the bus's start
+            try:
+                self._storage.kv_cas([(started_key(info.source_id, sink.id), b"origin", 0)])
+                committed, current = True, None
+            except CasConflict:
+                committed = False
         if not committed:  # another registration placed it meanwhile
-            log.info("sink got its first checkpoint from another registration", pipeline=info.name,
-                     sink=sink.id, start=sink.start)
+            log.info("sink placed by another registration", pipeline=info.name, sink=sink.id,
+                     start=sink.start)
             return None
-        assert current is not None
         log.warning("sink without a checkpoint placed where its spec's start says",
                     pipeline=info.name, sink=sink.id, start=sink.start,
                     after_epoch=latest.epoch_id if latest is not None else None,

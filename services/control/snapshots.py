@@ -172,8 +172,8 @@ class SnapshotService:
         selected = {t.table: t for t in (current.selected if current else [])}
         if not selected:
             return [], (f"capture of pipeline {info.name} has not reported its tables yet, so "
-                        "nothing was queued; the sink starts at the pipeline's beginning and "
-                        "gets what capture publishes, its source.snapshot included")
+                        "no snapshot was queued; once it has, queue one with tailrace "
+                        f"snapshot {info.name}")
         tables = sorted(t for t, s in selected.items() if s.key_columns)
         keyless = sorted(t for t, s in selected.items() if not s.key_columns)
         note = (f"not read ({', '.join(keyless)}): no primary key to read it in chunks by; "

@@ -27,7 +27,8 @@ class Control:
         self.pipelines = PipelineRegistry(storage, HealthStore(storage))
         self.snapshots = SnapshotService(SnapshotStore(storage), self.pipelines)
         self.admin = AdminServicer(self.pipelines, self.checkpoints, self.epochs,
-                                   SinkStarts(self.checkpoints, self.epochs, self.snapshots))
+                                   SinkStarts(storage, self.checkpoints, self.epochs,
+                                              self.snapshots))
 
     def record(self, epoch_id: int, tx_seq: int, offsets: dict[int, int],
                generation: int = 0) -> pb.Epoch:
@@ -98,14 +99,14 @@ def test_a_sink_with_a_checkpoint_is_never_moved_nor_snapshotted_again(control) 
     assert control.checkpoints.get("src", "fresh").position.tx_seq == 20
 
 
-def test_no_epoch_yet_starts_the_sink_at_the_origin_for_good(control) -> None:
+def test_no_epoch_yet_leaves_the_sink_at_the_beginning_for_good(control) -> None:
     (started,) = control.register(fresh="now").started
     assert started.epoch_id == 0 and "recorded no epoch yet" in started.note
-    cp = control.checkpoints.get("src", "fresh")
-    assert cp.position.tx_seq == 0 and not cp.bus_offsets
+    assert not started.HasField("checkpoint")
+    assert control.checkpoints.get("src", "fresh") is None, "planned from the bus's start"
     control.record(1, 10, {0: 40})  # capture published meanwhile; delivery registers again
     assert not control.register(fresh="now").started, "what came since is the sink's too"
-    assert control.checkpoints.get("src", "fresh").position.tx_seq == 0
+    assert control.checkpoints.get("src", "fresh") is None
 
 
 def test_snapshot_queues_every_keyed_table_and_supersedes_a_read_under_way(control) -> None:
