@@ -552,7 +552,9 @@ class ControlClient:
         """Register a pipeline by ids and types (never DSNs or URLs).
 
         Either `register_pipeline(spec)` with a `PipelineSpec`, or the fields; `sinks` are
-        objects with `id`, `type`, `required` (sink specs), mappings, or (id, type, required).
+        objects with `id`, `type`, `required`, `start` (sink specs), mappings, or (id, type,
+        required). A sink with `start: now` or `snapshot` and no checkpoint yet gets its
+        first one from this registration, which is logged here.
         """
         if hasattr(name, "metadata") and hasattr(name, "spec"):
             spec: Any = name
@@ -563,15 +565,28 @@ class ControlClient:
                                source_type=source_type,
                                commit_policy=to_commit_policy(commit_policy))
         for sink in sinks:
+            start = "earliest"
             if isinstance(sink, tuple):
                 sid, kind, required = sink
             elif isinstance(sink, Mapping):
                 sid, kind, required = sink["id"], sink.get("type", ""), sink.get("required", True)
+                start = sink.get("start", start)
             else:
                 item: Any = sink  # a sink spec
-                sid, kind, required = item.id, item.type, item.required
-            info.sinks.append(pb.SinkInfo(id=sid, type=kind, required=bool(required)))
-        return self._call("register pipeline", self._admin.RegisterPipeline, info).pipeline
+                sid, kind, required, start = item.id, item.type, item.required, item.start
+            info.sinks.append(pb.SinkInfo(id=sid, type=kind, required=bool(required),
+                                          start=start))
+        response = self._call("register pipeline", self._admin.RegisterPipeline, info)
+        for started in response.started:
+            log.warning("sink had no checkpoint: it starts where its spec's start says",
+                        pipeline=info.name, sink=started.sink_id, start=started.start,
+                        after_epoch=started.epoch_id or None,
+                        tx=f"{started.checkpoint.position.tx_seq}."
+                           f"{started.checkpoint.position.event_index}",
+                        bus_offsets=dict(started.checkpoint.bus_offsets) or None,
+                        snapshot_tables=list(started.snapshot_tables) or None,
+                        note=started.note or None)
+        return response.pipeline
 
     def pipeline_state(self, name: str) -> tuple[str, str]:
         """(state, reason); state: running | paused | failed | degraded | unknown (not

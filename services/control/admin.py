@@ -22,6 +22,7 @@ from tailrace_services.control.epochs import EpochStore
 from tailrace_services.control.lag import sink_lag
 from tailrace_services.control.pipelines import PipelineRegistry
 from tailrace_services.control.retention import holder
+from tailrace_services.control.sink_start import SinkStarts
 from tailrace_services.control.status import (
     Aborted,
     FailedPrecondition,
@@ -61,14 +62,20 @@ def sink_checkpoints(pipelines: PipelineRegistry, checkpoints: CheckpointStore,
 
 class AdminServicer(rpc.AdminServicer):
     def __init__(self, pipelines: PipelineRegistry, checkpoints: CheckpointStore,
-                 epochs: EpochStore) -> None:
+                 epochs: EpochStore, starts: SinkStarts) -> None:
         self._pipelines = pipelines
         self._checkpoints = checkpoints
         self._epochs = epochs
+        self._starts = starts
 
     def RegisterPipeline(self, request: pb.PipelineInfo, context: grpc.ServicerContext
                          ) -> pb.RegisterPipelineResponse:
-        return pb.RegisterPipelineResponse(pipeline=self._pipelines.register(request))
+        """Register, then give a sink with `start: now` or `snapshot` and no checkpoint yet
+        its first one (sink_start.py)."""
+        info = self._pipelines.register(request)
+        started = self._starts.place(info)
+        return pb.RegisterPipelineResponse(pipeline=self._pipelines.get(info.name) or info,
+                                           started=started)
 
     def ListPipelines(self, request: pb.ListPipelinesRequest, context: grpc.ServicerContext
                       ) -> pb.ListPipelinesResponse:

@@ -24,6 +24,7 @@ from tailrace_services.control.storage import Storage
 
 log = get_logger(__name__)
 
+SINK_STARTS = ("", "earliest", "now", "snapshot")  # a sink's `start` ("": earliest); sink_start.py
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LOOKS_SECRET = re.compile(r"://|@|=|\s")  # URLs, user@host, key=value DSNs
 
@@ -71,6 +72,10 @@ class PipelineRegistry:
         if not ids or "" in ids or len(set(ids)) != len(ids):
             raise InvalidArgument(f"pipeline {info.name}: sinks need unique, non-empty ids; "
                                   f"got {ids}")
+        for s in info.sinks:
+            if s.start not in SINK_STARTS:
+                raise InvalidArgument(f"pipeline {info.name}: sink {s.id} start {s.start!r} is "
+                                      f"not one of {', '.join(SINK_STARTS[1:])}")
         stored = pb.PipelineInfo()
         stored.CopyFrom(info)
         stored.tenant = info.tenant or "default"

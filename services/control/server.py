@@ -34,6 +34,7 @@ from tailrace_services.control.pipelines import PipelineRegistry
 from tailrace_services.control.retention import RetentionGuard
 from tailrace_services.control.roles import RoleTableError, check_methods
 from tailrace_services.control.schemas import SchemaRegistry, SchemasServicer
+from tailrace_services.control.sink_start import SinkStarts
 from tailrace_services.control.snapshots import SnapshotService, SnapshotsServicer, SnapshotStore
 from tailrace_services.control.specs import SpecsServicer, SpecStore
 from tailrace_services.control.status import RefusalInterceptor
@@ -144,12 +145,13 @@ def serve(storage: Storage, listen: str = "127.0.0.1:50051", workers: int = 16,
         identities, health_store, RetentionGuard(pipelines, checkpoints, identities).judge),
         server)
     rpc.add_DeadLettersServicer_to_server(DeadLettersServicer(DeadLetterStore(storage)), server)
-    rpc.add_AdminServicer_to_server(
-        AdminServicer(pipelines, checkpoints, epochs), server)
+    snapshots = SnapshotService(SnapshotStore(storage), PipelineRegistry(storage, health_store))
+    starts = SinkStarts(storage, checkpoints, epochs, snapshots)
+    rpc.add_AdminServicer_to_server(AdminServicer(pipelines, checkpoints, epochs, starts),
+                                    server)
     rpc.add_AuditServicer_to_server(AuditServicer(audit), server)
     rpc.add_LeasesServicer_to_server(LeasesServicer(LeaseStore(storage)), server)
-    rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(SnapshotService(
-        SnapshotStore(storage), PipelineRegistry(storage, health_store))), server)
+    rpc.add_SnapshotsServicer_to_server(SnapshotsServicer(snapshots), server)
     rpc.add_SpecsServicer_to_server(SpecsServicer(SpecStore(storage), storage.now_ms), server)
 
     health_servicer = health.HealthServicer()

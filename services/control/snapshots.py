@@ -162,6 +162,51 @@ class SnapshotService:
                  where=request.where or None)
         return stored
 
+    def request_for_sink(self, info: pb.PipelineInfo, sink_id: str) -> tuple[list[str], str]:
+        """Every table capture selected, queued for a whole read for a sink that starts with
+        `start: snapshot` (sink_start.py): (the tables queued, a note on what was not). A
+        read already pending or running is superseded by one from the table's start (a new
+        request id: capture drops the older read), as its chunks read before the sink's
+        start are not the sink's; so is an operator's filtered (`--where`) read."""
+        current = self._store.get(info.name)
+        selected = {t.table: t for t in (current.selected if current else [])}
+        if not selected:
+            return [], (f"capture of pipeline {info.name} has not reported its tables yet, so "
+                        "no snapshot was queued; once it has, queue one with tailrace "
+                        f"snapshot {info.name}")
+        tables = sorted(t for t, s in selected.items() if s.key_columns)
+        keyless = sorted(t for t, s in selected.items() if not s.key_columns)
+        note = (f"not read ({', '.join(keyless)}): no primary key to read it in chunks by; "
+                "name one in spec.source.snapshot.key_columns") if keyless else ""
+        if not tables:
+            return [], note
+        now = int(time.time() * 1000)
+        superseded: list[str] = []
+
+        def edit(state: pb.SnapshotState) -> None:
+            reset = {t.table for t in state.tables if t.table in tables and t.reset
+                     and not t.chunks_done}
+            superseded[:] = [t.table for t in state.tables
+                             if t.table in tables and t.state in ACTIVE]
+            kept = [t for t in state.tables if t.table not in tables]
+            del state.tables[:]
+            state.tables.extend(kept)
+            for table in tables:
+                state.tables.append(pb.SnapshotTable(
+                    table=table, state=pb.SNAPSHOT_PENDING, requested_unix_ms=now,
+                    updated_unix_ms=now, reason=f"sink {sink_id} starts with a snapshot",
+                    request_id=state.next_request_id, reset=table in reset))
+                state.next_request_id += 1
+
+        self._store.change(info.name, self._initial(info), edit)
+        log.warning("snapshot requested for a sink that starts with one; its read events "
+                    "reach every sink of the pipeline", pipeline=info.name, sink=sink_id,
+                    tables=tables, superseded=superseded or None)
+        if superseded:
+            note = "; ".join(filter(None, [note, "a read pending or running was superseded "
+                                           f"(started again whole): {', '.join(superseded)}"]))
+        return tables, note
+
     def cancel(self, request: pb.CancelSnapshotRequest) -> pb.SnapshotState:
         require(request, "pipeline")
         info = self._pipelines.must_get(request.pipeline)

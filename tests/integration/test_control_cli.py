@@ -78,7 +78,7 @@ def test_pipelines(tailrace):
     (entry,) = json.loads(out)
     assert entry["sinks"][0] == {"id": "cache", "type": "redis", "required": False,
                                  "last_error": "", "failing_since_unix_ms": 0,
-                                 "failed_batches": 0}
+                                 "failed_batches": 0, "start": "earliest"}
     assert (entry["state"], entry["commit_policy"]["kind"]) == ("running", "required"), \
         "the words the table shows"
     assert isinstance(entry["registered_unix_ms"], int)

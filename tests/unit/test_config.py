@@ -401,3 +401,35 @@ def test_a_registry_format_with_a_registry_loads(registry_format: str) -> None:
                         "token_file: /t}}")
     [sink] = parse_pipeline(text, env={}).spec.sinks
     assert (sink.format, sink.schema_registry.url) == (registry_format, "http://control:8081")
+
+
+def test_where_a_sink_starts_is_earliest_unless_its_spec_says_now_or_snapshot() -> None:
+    sinks = ("    - {id: k, type: kafka, brokers: b, start: now}\n"
+             "    - {id: n, type: nats, url: 'nats://h', start: snapshot}\n"
+             "    - {id: p, type: postgres, dsn: 'postgresql://h/db', start: earliest}\n")
+    text = BASE.replace('    - {id: r1, type: redis, url: "redis://h"}\n',
+                        '    - {id: r1, type: redis, url: "redis://h"}\n' + sinks)
+    starts = {s.id: s.start for s in parse_pipeline(text, env={}).spec.sinks}
+    assert starts == {"r1": "earliest", "k": "now", "n": "snapshot", "p": "earliest"}
+
+
+@pytest.mark.parametrize(("start", "hint"), [
+    ("latest", "(did you mean now?)"), ("beginning", "(did you mean earliest?)"),
+    ("yesterday", "; use earliest"), ("true", "; use earliest"), ("3", "; use earliest")])
+def test_a_start_that_is_no_place_to_start_is_refused_naming_the_field(start: str,
+                                                                      hint: str) -> None:
+    (problem,) = problems_of("", sinks=f"    - {{id: r2, type: redis, url: 'redis://h', "
+                                       f"start: {start}}}\n")
+    assert problem.startswith("s.yaml: spec.sinks[1].start: ") and hint in problem, problem
+    assert "is not where a sink starts" in problem and "now (changes committed" in problem
+
+
+def test_start_snapshot_is_refused_where_a_filter_drops_the_snapshots_reads() -> None:
+    (problem,) = problems_of("  processors:\n    - {type: filter, ops: [insert, update]}\n",
+                             sinks="    - {id: r2, type: redis, url: 'redis://h', "
+                                   "start: snapshot}\n")
+    assert problem == ("s.yaml: spec.sinks[1].start: start: snapshot reads the tables for this "
+                       "sink, but spec.processors[0] keeps only ops insert, update and drops "
+                       "the snapshot's read events; add read to its ops, or use start: now")
+    parse_pipeline(BASE.replace('url: "redis://h"}', 'url: "redis://h", start: snapshot}') +
+                   "  processors:\n    - {type: filter, ops: [insert, read]}\n", env={})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailrace.config._model import OutboxProcessor, PipelineSpec
+from tailrace.config._model import FilterProcessor, OutboxProcessor, PipelineSpec
 
 __all__ = ["cross_field_problems"]
 
@@ -35,4 +35,21 @@ def cross_field_problems(pipeline: PipelineSpec) -> list[tuple[str, str]]:
                              f"{spec.bus.partitions} bus partitions shard by the outbox row's "
                              "key, not the aggregate's, so one aggregate's events could pass "
                              "each other; use 1 with an outbox processor"))
+    problems += _start_problems(pipeline)
     return problems
+
+
+def _start_problems(pipeline: PipelineSpec) -> list[tuple[str, str]]:
+    """`start: snapshot` promises the sink every row's current value: refused where a
+    filter drops the snapshot's read events before any sink sees them."""
+    spec = pipeline.spec
+    dropping = [(i, p) for i, p in enumerate(spec.processors)
+                if isinstance(p, FilterProcessor) and p.ops is not None and "read" not in p.ops]
+    if not dropping:
+        return []
+    at, dropper = dropping[0]
+    return [(f"spec.sinks[{i}].start",
+             f"start: snapshot reads the tables for this sink, but spec.processors[{at}] "
+             f"keeps only ops {', '.join(dropper.ops or [])} and drops the snapshot's read "
+             "events; add read to its ops, or use start: now")
+            for i, sink in enumerate(spec.sinks) if sink.start == "snapshot"]

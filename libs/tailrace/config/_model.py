@@ -263,6 +263,22 @@ SourceSpec = Annotated[PostgresSourceSpec | MysqlSourceSpec, Field(discriminator
 
 Envelope = Literal["native", "protobuf", "debezium", "cloudevents"]
 
+_SINK_STARTS = ("earliest", "now", "snapshot")
+
+
+def _check_start(value: object) -> object:
+    """A sink's `start`, refused with the three choices and what each means."""
+    if value in _SINK_STARTS:
+        return value
+    hint = " (did you mean now?)" if value in ("latest", "end", "tail") else \
+        " (did you mean earliest?)" if value in ("beginning", "oldest", "start") else ""
+    raise ValueError(f"{value!r} is not where a sink starts{hint}; use earliest (the oldest "
+                     "position the bus holds), now (changes committed from the sink's "
+                     "registration on) or snapshot (as now, its tables read first)")
+
+
+SinkStart = Annotated[Literal["earliest", "now", "snapshot"], BeforeValidator(_check_start)]
+
 
 class _SinkBase(_Spec):
     # names the sink's checkpoint in the control service: keep it, or the sink starts over
@@ -271,6 +287,15 @@ class _SinkBase(_Spec):
     # optional sink may lag, and be detached past source.max_retained. Under commit_policy
     # `all` or `quorum` every sink counts: `required: false` is refused there.
     required: bool = True
+    # where the sink starts while it has no checkpoint yet (a sink added to a running
+    # pipeline, or a new id); a sink that has one resumes from it whatever this says.
+    # earliest: the oldest position the bus still holds; now: just after the latest epoch
+    # when the pipeline is registered with the sink (capture or delivery starting with
+    # this spec: every change committed from then on reaches it, none before); snapshot:
+    # as now, and every table capture selected is read again, so the sink ends with each
+    # row's current value — those read events reach the pipeline's other sinks too, as
+    # Debezium's on-demand snapshots do (docs/snapshots.md)
+    start: SinkStart = "earliest"
 
 
 class RedisSinkSpec(_SinkBase):
