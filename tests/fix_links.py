@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,11 +24,14 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from tests.fix_matrix import count_values
 from tests.fix_pipeline import (
     RunningPipeline,
     kafka_values,
     nats_values,
+    reached,
     values_per_key,
+    write_account_tx,
 )
 
 KEYS = 20
@@ -163,3 +167,31 @@ CREATE FUNCTION audit_acct() RETURNS trigger LANGUAGE plpgsql AS
 CREATE TRIGGER audit_acct AFTER INSERT OR UPDATE ON acct
   FOR EACH ROW EXECUTE FUNCTION audit_acct();
 """
+
+
+@dataclass
+class Workload:
+    """A link test's workload: TRANSACTIONS transactions over KEYS keys, BEFORE of them
+    delivered before the fault, and what the sink holds (`values`)."""
+
+    pipeline: RunningPipeline
+    values: Callable[[], dict[int, list[int]]]
+
+    def delivered_up_to(self) -> int:
+        return reached(self.values(), KEYS)
+
+    def write_first(self, conn: Any) -> None:
+        """The first BEFORE transactions, waited for in the sink."""
+        for t in range(BEFORE):
+            write_account_tx(conn, t, KEYS)
+        self.wait_until(BEFORE - 1, "the first changes", 180)
+
+    def wait_until(self, t: int, what: str, timeout: float = 300) -> None:
+        self.pipeline.wait_for(lambda: self.delivered_up_to() == t, timeout, what)
+
+    def count_all_once(self, counted: Callable[..., None], outcome: str = "") -> None:
+        """Count what the sink holds for the matrix; every change once, per key in order."""
+        expected = {k: list(range(TRANSACTIONS)) for k in range(KEYS)}
+        got = self.values()
+        counted(**count_values(got, expected), outcome=outcome)
+        assert got == expected, "each key's values once each, in source order"

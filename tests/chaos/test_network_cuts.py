@@ -16,9 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, LINKS, NAMED, TRANSACTIONS, probe, wire
-from tests.fix_matrix import count_values
-from tests.fix_pipeline import reached, write_account_tx
+from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, LINKS, NAMED, TRANSACTIONS, Workload, probe, wire
+from tests.fix_pipeline import write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -39,13 +38,9 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
     pipeline.start("delivery", "--http-port", "0")
     pipeline.wait_capture_streaming()
 
-    def delivered_up_to() -> int:
-        return reached(values(), KEYS)
-
+    work = Workload(pipeline, values)
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        for t in range(BEFORE):
-            write_account_tx(conn, t, KEYS)
-        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        work.write_first(conn)
         if link == "delivery-bus":  # capture's connections to the bus go on
             proxy.cut(clients=lambda: pipeline.tree_pids("delivery"))
         else:
@@ -66,16 +61,10 @@ def test_a_cut_link_loses_nothing_and_duplicates_nothing(
         proxy.restore()
         for t in range(written, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
-                      f"every change in the sink after the {link} link came back")
-
-    got = values()
+    work.wait_until(TRANSACTIONS - 1, f"every change in the sink after the {link} link came back")
     grew = {name: max(samples) - samples[0] for name, samples in rss.items()}
-    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
-            outcome=f"RSS growth during the cut: capture {grew['capture']:.0f} MB, delivery "
-                    f"{grew['delivery']:.0f} MB")
-    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
-        "each key's values once each, in source order"
+    work.count_all_once(counted, f"RSS growth during the cut: capture {grew['capture']:.0f} MB, "
+                                 f"delivery {grew['delivery']:.0f} MB")
     pipeline.assert_running()
     assert grew["capture"] < 64, f"capture's memory grew {grew['capture']:.0f} MB during the cut"
     for service, named in NAMED[link]:

@@ -16,9 +16,8 @@ import pytest
 import redis
 
 from tailrace.devservers.proxy import before_bytes, kafka_request
-from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, TRANSACTIONS, wire
-from tests.fix_matrix import count_values
-from tests.fix_pipeline import reached, write_account_tx
+from tests.fix_links import BEFORE, CUT_S, DURING, KEYS, TRANSACTIONS, Workload, wire
+from tests.fix_pipeline import write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -48,13 +47,9 @@ def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
                                    tmp_path, request)
     pipeline.start_all()
 
-    def delivered_up_to() -> int:
-        return reached(values(), KEYS)
-
+    work = Workload(pipeline, values)
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        for t in range(BEFORE):
-            write_account_tx(conn, t, KEYS)
-        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        work.write_first(conn)
         redis_url = request.getfixturevalue("redis_server").url
         armed_at = transaction_calls(redis_url)
         proxy.cut_before(IN_TRANSACTION[kind])
@@ -63,13 +58,13 @@ def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
             write_account_tx(conn, written, KEYS)
             written += 1
             pipeline.wait_for(lambda w=written: proxy.cuts_made.is_set()
-                              or delivered_up_to() == w - 1, 120, "the next batch")
+                              or work.delivered_up_to() == w - 1, 120, "the next batch")
         assert proxy.cuts_made.is_set(), "the link was cut inside a sink transaction"
         if kind == "redis":  # MULTI reached the server, its EXEC did not
             multi, execs = transaction_calls(redis_url)
             assert multi > armed_at[0] and execs == armed_at[1] + (multi - armed_at[0] - 1), \
                 f"MULTI/EXEC calls {armed_at} when armed, {(multi, execs)} at the cut"
-        inside = delivered_up_to()
+        inside = work.delivered_up_to()
         cut_at = time.monotonic()
         while time.monotonic() - cut_at < CUT_S:
             if written < DURING:
@@ -80,13 +75,9 @@ def test_a_cut_inside_a_sink_transaction_is_neither_lost_nor_applied_twice(
         proxy.restore()
         for t in range(written, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
-                      "every change after the cut inside a transaction")
-    got = values()
-    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
-            outcome=f"cut inside the transaction after transaction {inside} was visible")
-    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
-        "each key's values once each, in source order"
+    work.wait_until(TRANSACTIONS - 1, "every change after the cut inside a transaction")
+    work.count_all_once(counted, f"cut inside the transaction after transaction {inside} was "
+                                 "visible")
     pipeline.assert_running()
     print(f"\n[{kind}] link cut {CUT_S:.0f} s inside a transaction (transactions up to "
           f"{inside} visible then): {KEYS * TRANSACTIONS} changes once each, in order")
@@ -109,28 +100,21 @@ def test_a_commit_whose_reply_is_lost_is_neither_lost_nor_applied_twice(
     pattern = b"$4\r\nEXEC\r\n" if kind == "redis" else b"COMMIT\x00"
     pipeline.start_all()
 
-    def delivered_up_to() -> int:
-        return reached(values(), KEYS)
-
+    work = Workload(pipeline, values)
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        for t in range(BEFORE):
-            write_account_tx(conn, t, KEYS)
-        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        work.write_first(conn)
         proxy.lose_reply_to(pattern)
         written = BEFORE
         while proxy.replies_lost == 0 and written < TRANSACTIONS:
             write_account_tx(conn, written, KEYS)
             written += 1
             pipeline.wait_for(lambda w=written: proxy.replies_lost > 0
-                              or delivered_up_to() == w - 1, 120, "the next batch")
+                              or work.delivered_up_to() == w - 1, 120, "the next batch")
         assert proxy.replies_lost == 1, "a commit's reply was lost"
         for t in range(written, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 300,
-                      "every change after the lost reply")
-    counted(**count_values(values(), {k: list(range(TRANSACTIONS)) for k in range(KEYS)}))
-    assert values() == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
-        "each key's values once each, in source order"
+    work.wait_until(TRANSACTIONS - 1, "every change after the lost reply")
+    work.count_all_once(counted)
     pipeline.assert_running()
     skipped = pipeline.log_count("delivery", "replayed events skipped")
     print(f"\n[{kind}] the reply to a commit lost after transaction {written - 1}: "

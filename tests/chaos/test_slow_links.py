@@ -10,9 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fix_links import BEFORE, DURING, KEYS, SLOW_LINKS, TRANSACTIONS, wire
-from tests.fix_matrix import count_values
-from tests.fix_pipeline import reached, write_account_tx
+from tests.fix_links import BEFORE, DURING, KEYS, SLOW_LINKS, TRANSACTIONS, Workload, wire
+from tests.fix_pipeline import write_account_tx
 
 pytestmark = pytest.mark.chaos
 
@@ -36,29 +35,21 @@ def test_a_slow_thin_link_delays_but_loses_and_repeats_nothing(
                                    request, batch=batch)
     pipeline.start_all()
 
-    def delivered_up_to() -> int:
-        return reached(values(), KEYS)
-
+    work = Workload(pipeline, values)
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        for t in range(BEFORE):
-            write_account_tx(conn, t, KEYS)
-        pipeline.wait_for(lambda: delivered_up_to() == BEFORE - 1, 180, "the first changes")
+        work.write_first(conn)
         proxy.slow(delay_s=0.15, bytes_per_s=20_000)
         started = time.monotonic()
         for t in range(BEFORE, DURING):
             write_account_tx(conn, t, KEYS)
-        pipeline.wait_for(lambda: delivered_up_to() == DURING - 1, 300,
-                          "every change over the slow link")
+        work.wait_until(DURING - 1, "every change over the slow link")
         slow_s = time.monotonic() - started
         proxy.slow()
         for t in range(DURING, TRANSACTIONS):
             write_account_tx(conn, t, KEYS)
-    pipeline.wait_for(lambda: delivered_up_to() == TRANSACTIONS - 1, 180, "every change")
-    got = values()
-    counted(**count_values(got, {k: list(range(TRANSACTIONS)) for k in range(KEYS)}),
-            outcome=f"{DURING - BEFORE} transactions over the slow link in {slow_s:.0f} s")
-    assert got == {k: list(range(TRANSACTIONS)) for k in range(KEYS)}, \
-        "once each, in source order"
+    work.wait_until(TRANSACTIONS - 1, "every change", 180)
+    work.count_all_once(counted, f"{DURING - BEFORE} transactions over the slow link in "
+                                 f"{slow_s:.0f} s")
     pipeline.assert_running()
     print(f"\n[{link}] slow link (150 ms each way, 20 kB/s): {DURING - BEFORE} transactions "
           f"delivered in {slow_s:.1f} s; {KEYS * TRANSACTIONS} changes once each, in order")
