@@ -43,14 +43,17 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
     gets none)."""
     out = []
     wanted = set(only)
-    current = {(pipeline.name, s.id, s.model_dump_json()): s for s in pipeline.spec.sinks}
+    drift = pipeline.spec.source.on_schema_drift  # a Kafka sink's registry refusals
+    current = {(pipeline.name, s.id, f"{s.model_dump_json()} {drift}"): s
+               for s in pipeline.spec.sinks}
     for key in [k for k in _SINKS if k[0] == pipeline.name and k not in current]:
         _SINKS.pop(key).close()  # of an earlier version of the spec
     for key, spec in current.items():
         if spec.id not in wanted:
             continue
         if key not in _SINKS:
-            _SINKS[key] = build_sink(spec, pipeline=pipeline.name)  # opened by the fan-out
+            _SINKS[key] = build_sink(spec, pipeline=pipeline.name,  # opened by the fan-out
+                                     on_schema_drift=drift)
         out.append(_SINKS[key])
     return out
 

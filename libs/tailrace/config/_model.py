@@ -200,7 +200,9 @@ class _SourceBase(_Spec):
     dsn: SecretStr  # how to reach the server (a replication-capable user)
     tables: Annotated[list[TablePattern], Field(min_length=1)]  # the tables to capture
     # when a server's identity changed (failover, restore) and its tables' schemas differ
-    # from those registered: adapt records the drift and goes on, halt stops the pipeline
+    # from those registered: adapt records the drift and goes on, halt stops the pipeline;
+    # also when a Kafka sink's schema registry refuses a table's new schema (format avro,
+    # json_schema, protobuf): adapt sends its events to the DLQ, halt stops the pipeline
     on_schema_drift: Literal["adapt", "halt"] = "adapt"
     snapshot: SnapshotSpec = SnapshotSpec()  # reading the tables' existing rows
     # how often, at most, an epoch closes after a transaction: the unit delivery plans its

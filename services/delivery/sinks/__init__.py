@@ -24,8 +24,11 @@ from tailrace_services.delivery.sinks.base import (
 )
 
 
-def build_sink(spec: object, *, pipeline: str | None = None) -> Sink:
-    """The sink for `spec`; `pipeline` names its stored checkpoint before the first write."""
+def build_sink(spec: object, *, pipeline: str | None = None,
+               on_schema_drift: str = "adapt") -> Sink:
+    """The sink for `spec`; `pipeline` names its stored checkpoint before the first write;
+    `on_schema_drift` (the source's) says whether a Kafka sink's registry refusing a schema
+    stops the pipeline (halt) or fails the event alone (adapt)."""
     if isinstance(spec, RedisSinkSpec):
         from tailrace_services.delivery.sinks.redis import RedisSink
 
@@ -34,7 +37,7 @@ def build_sink(spec: object, *, pipeline: str | None = None) -> Sink:
         from tailrace_services.delivery.sinks.kafka import KafkaSink, TransactionalKafkaSink
 
         kind = TransactionalKafkaSink if spec.exactly_once else KafkaSink
-        return kind(spec, pipeline=pipeline)
+        return kind(spec, pipeline=pipeline, on_schema_drift=on_schema_drift)
     if isinstance(spec, NatsSinkSpec):
         from tailrace_services.delivery.sinks.nats import NatsSink
 

@@ -18,6 +18,7 @@ from tailrace.envelopes import (
     debezium_source,
     debezium_transaction,
 )
+from tailrace.errors import FatalError
 from tailrace.events import ChangeEvent, Column, Op, key_values
 from tailrace_services.delivery.sinks._registry import (
     RegistryRefused,
@@ -64,7 +65,11 @@ class RegistryEncoder:
     history_format: ClassVar[str | None] = None  # Confluent's `format` to read history in
 
     def __init__(self, spec: KafkaSinkSpec, registry: SchemaRegistryClient,
-                 topic_of: Callable[[ChangeEvent], str]) -> None:
+                 topic_of: Callable[[ChangeEvent], str], *, halt: bool = False) -> None:
+        """`halt`: a schema the registry refuses stops the pipeline (the source's
+        `on_schema_drift: halt`) instead of failing its event alone (to the DLQ)."""
+        self._sink_id = spec.id
+        self._halt = halt
         self._tombstones = spec.tombstones_on_delete
         self._registry = registry
         self._topic_of = topic_of
@@ -155,6 +160,12 @@ class RegistryEncoder:
         try:
             return self._registry.register(subject, schema, self.schema_type)
         except RegistryRefused as e:
+            if self._halt:
+                raise FatalError(
+                    f"kafka sink {self._sink_id}: {e}; spec.source.on_schema_drift is halt, so "
+                    "the pipeline stops: make the change compatible (or change the subject's "
+                    "compatibility: PUT /config/{subject}), or set on_schema_drift: adapt to "
+                    "send such events to the dead-letter queue") from None
             raise ValueError(str(e)) from None  # this event fails alone, with the reason
 
     def _collection_order(self, event: ChangeEvent) -> int:

@@ -107,7 +107,8 @@ class KafkaSink(Sink):
     retry = RetryPolicy(base_s=0.1, max_s=10.0, attempts=3)
 
     def __init__(self, spec: KafkaSinkSpec, *, pipeline: str | None = None,
-                 timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None) -> None:
+                 timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None,
+                 on_schema_drift: str = "adapt") -> None:
         if spec.exactly_once and not isinstance(self, TransactionalKafkaSink):
             raise ValueError(f"kafka sink {spec.id} has exactly_once: true; build it as a "
                              "TransactionalKafkaSink (build_sink does)")
@@ -140,6 +141,7 @@ class KafkaSink(Sink):
         self._keyless: set[tuple[str, str, str]] = set()  # tables already warned about
         self._debezium = {"schemas": spec.schemas_enable, "tombstones": spec.tombstones_on_delete
                           } if spec.envelope == "debezium" else {}
+        self._halt_on_refused = on_schema_drift == "halt"  # a registry's refusal stops all
         self._registered: RegistryEncoder | None = None  # a registry format's, for the sink's life
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -258,7 +260,7 @@ class KafkaSink(Sink):
         if self._registered is None:
             self._registered = registry_format(
                 self._spec, registry_client(self._spec),
-                lambda event: destination(self._spec.topic, event))
+                lambda event: destination(self._spec.topic, event), halt=self._halt_on_refused)
         self._registered.new_batch()
         return self._registered
 
@@ -327,9 +329,10 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
     """`exactly_once: true`: one Kafka transaction per write, with the sink's checkpoint."""
 
     def __init__(self, spec: KafkaSinkSpec, *, pipeline: str | None = None,
-                 timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None) -> None:
+                 timeout_s: float = 30.0, client_config: Mapping[str, Any] | None = None,
+                 on_schema_drift: str = "adapt") -> None:
         super().__init__(spec, pipeline=pipeline, timeout_s=timeout_s,
-                         client_config=client_config)
+                         client_config=client_config, on_schema_drift=on_schema_drift)
         self.pipeline = pipeline
         self.checkpoint_topic = spec.checkpoint_topic or CHECKPOINT_TOPIC
         self._writers: dict[str, TransactionalWriter] = {}  # per transactional.id
