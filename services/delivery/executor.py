@@ -12,6 +12,7 @@ import pyarrow as pa
 from tailrace.config import PipelineSpec
 from tailrace.logs import setup_from_env
 from tailrace.proto.control_pb2 import Checkpoint
+from tailrace_services.delivery.outbox_cleanup import outbox_cleanup
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
@@ -126,7 +127,7 @@ def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | No
             rewinds={k: cp.rewind for k, cp in checkpoints.items() if cp is not None},
             acked={k: cp.sink_stored[partition] for k, cp in checkpoints.items()
                    if cp is not None and partition in cp.sink_stored},
-            ends_with_epoch=epoch_id)
+            ends_with_epoch=epoch_id, delivered=outbox_cleanup(pipeline))
     except Exception:
         close_sinks(pipeline.name)  # reconnect on the retry
         raise

@@ -69,7 +69,7 @@ def _matcher(patterns: tuple[str, ...]) -> TableMatcher:
     return TableMatcher(patterns)
 
 
-def _table_matches(patterns: Sequence[str], event: ChangeEvent) -> bool:
+def table_matches(patterns: Sequence[str], event: ChangeEvent) -> bool:
     """`filter.tables`, with the capture's matcher (`tailrace.tables`): an event's (database,
     table), and a PostgreSQL event's (database, schema, table), so `schema.table` and
     `db.schema.table` select there too."""
@@ -115,7 +115,7 @@ class _Filter:
     def apply(self, events: list[ChangeEvent]) -> tuple[list[ChangeEvent], list[Failure]]:
         kept = [e for e in events
                 if (self.spec.ops is None or op_name(e.op) in self.spec.ops)
-                and (self.spec.tables is None or _table_matches(self.spec.tables, e))]
+                and (self.spec.tables is None or table_matches(self.spec.tables, e))]
         if self.query is None or not kept:
             return kept, []
         data_events = [e for e in kept if e.op not in (Op.OP_DDL, Op.OP_TRUNCATE)]
@@ -216,7 +216,7 @@ class _Outbox:
         out: list[ChangeEvent] = []
         failures: list[Failure] = []
         for event in events:
-            if not _table_matches([self.spec.table], event):
+            if not table_matches([self.spec.table], event):
                 out.append(event)
             elif event.op == Op.OP_INSERT:
                 try:

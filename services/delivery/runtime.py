@@ -10,7 +10,7 @@ capture published twice are delivered once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tailrace.config import BatchSpec
@@ -77,11 +77,14 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                   source_id: str = "", batch: BatchSpec | None = None,
                   processors: ProcessorChain | None = None, journal: bool = False,
                   rewinds: dict[str, int] | None = None, ends_with_epoch: int = 0,
-                  acked: dict[str, Position] | None = None) -> SliceResult:
+                  acked: dict[str, Position] | None = None,
+                  delivered: Callable[[Sequence[ChangeEvent]], None] | None = None
+                  ) -> SliceResult:
     """Process and fan the slice out; sink failures are reported in `outcomes`, not raised.
     `rewinds`: each sink's checkpoint rewind generation (see `BatchCommit.rewind`);
     `acked`: what each exactly-once sink acknowledged storing in this partition
-    (`fanout.deliver_to_sink`)."""
+    (`fanout.deliver_to_sink`); `delivered`: called with the events every sink
+    acknowledged (dead letters left out), once they all did (`outbox_cleanup`)."""
     events, result = decode_slice(partition, records, ends_with_epoch)
     if processors:
         floor = min((position_key(p) for p in checkpoints.values() if p is not None),
@@ -107,4 +110,7 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                               partition=partition, rewinds=rewinds, acked=acked)
     for outcome in result.outcomes:
         result.dead_letters.extend((outcome.sink_id, e, r) for e, r in outcome.dead_letters)
+    if delivered is not None and result.outcomes and all(o.acked for o in result.outcomes):
+        dead = {e.id for _, e, _ in result.dead_letters}
+        delivered([e for e in events if e.id not in dead])
     return result

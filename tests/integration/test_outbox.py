@@ -101,3 +101,51 @@ def test_the_consumer_sees_exactly_the_outbox_inserts_once_in_order_per_aggregat
     print(f"\n{len(sent)} outbox events in {len(per_aggregate)} aggregates ({TRANSACTIONS // 5} "
           "deleted in their own transaction), delivery killed -9 once: each once in Kafka, in "
           "order per aggregate; the later updates of outbox rows sent nothing")
+
+
+def test_delivered_outbox_rows_are_deleted_from_the_source_and_only_once_delivered(
+        pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
+    """`delete_delivered: true`: delivery deletes each outbox row once Kafka (exactly_once)
+    acknowledged its message. Checked while rows flow — every row gone from the table that
+    the application did not delete itself has its message in Kafka, read committed — and at
+    the end: the table is empty, each message once."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)")
+        conn.execute("CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, "
+                     "aggregateid text NOT NULL, type text NOT NULL, payload jsonb)")
+    prefix = f"od{uuid.uuid4().hex[:6]}"
+    pipeline = pg_redis_pipeline(
+        tables="[public.orders, public.outbox]",
+        sink=f'{{id: k1, type: kafka, brokers: "{noida_kafka.bootstrap}", '
+             f'topic: "{prefix}.{{table}}", exactly_once: true}}',
+        extra="  processors:\n"
+              "    - {type: outbox, table: public.outbox, delete_delivered: true, "
+              f"route: '{prefix}.outbox.event.{{routedByValue}}'}}\n")
+    pipeline.start_all()
+    topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
+
+    def received() -> list[str]:
+        known = AdminClient({"bootstrap.servers": noida_kafka.bootstrap}).list_topics(timeout=10)
+        if not set(topics) <= set(known.topics):
+            return []
+        return [dict(m.headers())["id"].decode() for m in read_kafka(noida_kafka.bootstrap, topics)]
+
+    def left() -> set[str]:
+        with psycopg.connect(pg_db) as conn:
+            return {str(r[0]) for r in conn.execute("SELECT id FROM outbox")}
+
+    sent = write(pg_db, 0, 40)
+    kept_by_app = [e["id"] for t, e in enumerate(sent) if t % 5]  # the others it deleted
+    pipeline.wait_for(lambda: len(kept_by_app) - len(left()) >= 10, 240,
+                      "delivery deleting the first delivered rows")
+    gone = set(kept_by_app) - left()
+    assert gone <= set(received()), "a row is deleted only once its message is in Kafka"
+    sent += write(pg_db, 40, 40)
+    pipeline.wait_for(lambda: len(received()) >= len(sent), 300, "every outbox message")
+    pipeline.wait_for(lambda: not left(), 120, "every delivered outbox row deleted")
+    ids = received()
+    assert sorted(ids) == sorted(e["id"] for e in sent), "each outbox insert once"
+    assert pipeline.log_count("delivery", "delivered outbox rows not deleted") == 0
+    pipeline.assert_running()
+    print(f"\n{len(sent)} outbox events: each once in Kafka; {len(gone)} rows checked deleted "
+          "only after their message was there; the outbox table empty at the end")

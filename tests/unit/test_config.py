@@ -368,6 +368,15 @@ def test_an_outbox_processor_is_refused_where_it_could_not_do_what_it_says():
     spec = parse_pipeline(text.replace("partitions: 2", "partitions: 1") +
                           "  processors:\n    - {type: outbox, table: public.outbox}\n", env={})
     assert spec.spec.processors[0].route == "outbox.event.{routedByValue}"
+    deleting = "  processors:\n    - {type: outbox, table: public.outbox, delete_delivered: true}\n"
+    assert parse_pipeline(text.replace("partitions: 2", "partitions: 1") + deleting,
+                          env={}).spec.processors[0].delete_delivered
+    mysql = text.replace("partitions: 2", "partitions: 1").replace(
+        "{type: postgres, id: pg1, dsn: \"postgresql://h/db\", tables: [public.orders]}",
+        "{type: mysql, id: my1, dsn: \"mysql://h/db\", tables: [db.orders]}")
+    with pytest.raises(ConfigError, match=r"spec\.processors\[0\]\.delete_delivered.*built "
+                                          r"for PostgreSQL sources, not mysql"):
+        parse_pipeline(mysql + deleting.replace("public.outbox", "db.outbox"), env={})
 
 
 @pytest.mark.parametrize(("sink", "problem"), [

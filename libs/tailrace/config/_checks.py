@@ -30,6 +30,12 @@ def cross_field_problems(pipeline: PipelineSpec) -> list[tuple[str, str]]:
                       f"a {sink.type} sink cannot write outbox messages yet (key, payload, "
                       "headers): with an outbox processor, use kafka sinks")
                      for i, sink in enumerate(spec.sinks) if sink.type != "kafka"]
+        problems += [(f"spec.processors[{i}].delete_delivered",
+                      f"deleting delivered outbox rows is built for PostgreSQL sources, not "
+                      f"{spec.source.type}; delete them in the application (e.g. in the "
+                      "transaction that inserts them), and remove delete_delivered")
+                     for i, p in enumerate(spec.processors) if isinstance(p, OutboxProcessor)
+                     and p.delete_delivered and spec.source.type != "postgres"]
         if spec.bus.partitions > 1:
             problems.append(("spec.bus.partitions",
                              f"{spec.bus.partitions} bus partitions shard by the outbox row's "

@@ -562,6 +562,11 @@ class OutboxProcessor(_Spec):
     route: Annotated[str, Field(min_length=1)] = "outbox.event.{routedByValue}"  # the topic
     payload: _COLUMN = "payload"  # the column sent as the message's value, as written
     additional_fields: dict[str, Annotated[str, Field(min_length=1)]] = {}  # column: header
+    # delete each outbox row from the source once every sink of its batch acknowledged its
+    # message (delivery connects with spec.source.dsn, which needs DELETE on the table; the
+    # row's delete event sends nothing); PostgreSQL sources. Off: the application deletes
+    # the rows itself, e.g. in the transaction that inserts them (Debezium's pattern)
+    delete_delivered: bool = False
 
     @field_validator("route")
     @classmethod
