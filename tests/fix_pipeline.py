@@ -162,6 +162,16 @@ class RunningPipeline:
         if name.startswith("control"):
             wait_for_port(listen)
 
+    def start_managed(self, name: str) -> dict[str, int]:
+        """Capture and delivery in managed mode (`--managed name`, polling every second),
+        their pids by service."""
+        for service in ("capture", "delivery"):
+            argv = service_argv(f"tailrace-{service}", "--managed", name, "--control",
+                                self.control_address, "--token-file",
+                                str(self.service_token_file), "--poll-s", "1")
+            self.procs[service] = self.sup.start(service, argv, self.dir / f"{service}.log")
+        return {s: self.procs[s].process.pid for s in ("capture", "delivery")}
+
     def control_client(self, role: str = "admin", **options: Any) -> ControlClient:
         """A client of this pipeline's control service with the `role` token (admin, service)."""
         path = self.admin_token_file if role == "admin" else self.service_token_file

@@ -13,8 +13,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tailrace_services.cli.supervisor import service_argv
-
 pytestmark = pytest.mark.integration
 
 
@@ -47,13 +45,7 @@ def test_managed_services_follow_applied_versions_without_restart_or_loss(
     v1 = pipeline.spec_path.read_text()
     pipeline.start("control")
     assert "created: version 1" in pipeline.cli("apply", "-f", str(pipeline.spec_path))
-    for service in ("capture", "delivery"):
-        argv = service_argv(f"tailrace-{service}", "--managed", name, "--control",
-                            pipeline.control_address, "--token-file",
-                            str(pipeline.service_token_file), "--poll-s", "1")
-        pipeline.procs[service] = pipeline.sup.start(service, argv,
-                                                     pipeline.dir / f"{service}.log")
-    pids = {s: pipeline.procs[s].process.pid for s in ("capture", "delivery")}
+    pids = pipeline.start_managed(name)
     insert(pg_db, "orders", range(50, 100))
     pipeline.wait_for(lambda: len(ids_in(pipeline, "m1.orders")) >= 100, 240, "version 1")
 

@@ -15,8 +15,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tailrace_services.cli.supervisor import service_argv
-
 pytestmark = pytest.mark.integration
 
 PLACED = '"event": "sink without a checkpoint placed where its spec\'s start says"'
@@ -75,13 +73,7 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
     v1 = pipeline.spec_path.read_text()
     pipeline.start("control")
     assert "created: version 1" in pipeline.cli("apply", "-f", str(pipeline.spec_path))
-    for service in ("capture", "delivery"):
-        argv = service_argv(f"tailrace-{service}", "--managed", name, "--control",
-                            pipeline.control_address, "--token-file",
-                            str(pipeline.service_token_file), "--poll-s", "1")
-        pipeline.procs[service] = pipeline.sup.start(service, argv,
-                                                     pipeline.dir / f"{service}.log")
-    pids = {s: pipeline.procs[s].process.pid for s in ("capture", "delivery")}
+    pids = pipeline.start_managed(name)
     write(pg_db, "INSERT INTO orders SELECT i, i * 10 FROM generate_series(50, 99) i",
           "UPDATE orders SET total = -7 WHERE id = 7", "DELETE FROM orders WHERE id = 8")
     pipeline.wait_for(lambda: folded(pipeline, "m1.orders") == rows_of(pg_db), 240,

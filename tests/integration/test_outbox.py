@@ -49,21 +49,28 @@ def write(dsn: str, first: int, count: int) -> list[dict[str, Any]]:
     return sent
 
 
-def test_the_consumer_sees_exactly_the_outbox_inserts_once_in_order_per_aggregate(
-        pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
+def outbox_pipeline(pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any, prefix: str,
+                    options: str) -> Any:
+    """The application's tables and a pipeline of them into Kafka exactly_once, its outbox
+    processor routing to `{prefix}.outbox.event.*` with more `options`."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)")
         conn.execute("CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, "
                      "aggregateid text NOT NULL, type text NOT NULL, payload jsonb)")
-    prefix = f"ob{uuid.uuid4().hex[:6]}"
-    pipeline = pg_redis_pipeline(
+    return pg_redis_pipeline(
         tables="[public.orders, public.outbox]",
         sink=f'{{id: k1, type: kafka, brokers: "{noida_kafka.bootstrap}", '
              f'topic: "{prefix}.{{table}}", exactly_once: true}}',
         extra="  processors:\n"
               "    - {type: outbox, table: public.outbox, "
-              f"route: '{prefix}.outbox.event.{{routedByValue}}', "
-              "additional_fields: {type: eventType}}\n")
+              f"route: '{prefix}.outbox.event.{{routedByValue}}', {options}}}\n")
+
+
+def test_the_consumer_sees_exactly_the_outbox_inserts_once_in_order_per_aggregate(
+        pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
+    prefix = f"ob{uuid.uuid4().hex[:6]}"
+    pipeline = outbox_pipeline(pg_db, pg_redis_pipeline, noida_kafka, prefix,
+                               "additional_fields: {type: eventType}")
     pipeline.start_all()
     topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
 
@@ -109,18 +116,9 @@ def test_delivered_outbox_rows_are_deleted_from_the_source_and_only_once_deliver
     acknowledged its message. Checked while rows flow — every row gone from the table that
     the application did not delete itself has its message in Kafka, read committed — and at
     the end: the table is empty, each message once."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)")
-        conn.execute("CREATE TABLE outbox (id uuid PRIMARY KEY, aggregatetype text NOT NULL, "
-                     "aggregateid text NOT NULL, type text NOT NULL, payload jsonb)")
     prefix = f"od{uuid.uuid4().hex[:6]}"
-    pipeline = pg_redis_pipeline(
-        tables="[public.orders, public.outbox]",
-        sink=f'{{id: k1, type: kafka, brokers: "{noida_kafka.bootstrap}", '
-             f'topic: "{prefix}.{{table}}", exactly_once: true}}',
-        extra="  processors:\n"
-              "    - {type: outbox, table: public.outbox, delete_delivered: true, "
-              f"route: '{prefix}.outbox.event.{{routedByValue}}'}}\n")
+    pipeline = outbox_pipeline(pg_db, pg_redis_pipeline, noida_kafka, prefix,
+                               "delete_delivered: true")
     pipeline.start_all()
     topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
 
