@@ -172,6 +172,15 @@ class RunningPipeline:
             self.procs[service] = self.sup.start(service, argv, self.dir / f"{service}.log")
         return {s: self.procs[s].process.pid for s in ("capture", "delivery")}
 
+    def delete_managed(self, name: str, pids: dict[str, int]) -> None:
+        """The managed services ran on in the processes `start_managed` started; a delete
+        of the pipeline stops both with exit 0."""
+        assert {s: self.procs[s].process.pid for s in pids} == pids, "no process restarted"
+        self.assert_running()
+        self.cli("delete", name, "--confirm", name)
+        assert self.exit_code("capture", 60) == 0
+        assert self.exit_code("delivery", 60) == 0
+
     def control_client(self, role: str = "admin", **options: Any) -> ControlClient:
         """A client of this pipeline's control service with the `role` token (admin, service)."""
         path = self.admin_token_file if role == "admin" else self.service_token_file

@@ -66,19 +66,25 @@ def outbox_pipeline(pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any, prefix
               f"route: '{prefix}.outbox.event.{{routedByValue}}', {options}}}\n")
 
 
+def outbox_messages(brokers: str, prefix: str) -> list[Any]:
+    """Every message of the `{prefix}.outbox.event.*` topics, read committed ([] until the
+    sink made them all)."""
+    topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
+    if not set(topics) <= set(AdminClient({"bootstrap.servers": brokers}).list_topics(
+            timeout=10).topics):
+        return []
+    return read_kafka(brokers, topics)
+
+
 def test_the_consumer_sees_exactly_the_outbox_inserts_once_in_order_per_aggregate(
         pg_db: str, pg_redis_pipeline: Any, noida_kafka: Any) -> None:
     prefix = f"ob{uuid.uuid4().hex[:6]}"
     pipeline = outbox_pipeline(pg_db, pg_redis_pipeline, noida_kafka, prefix,
                                "additional_fields: {type: eventType}")
     pipeline.start_all()
-    topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
 
     def received() -> list[Any]:
-        known = AdminClient({"bootstrap.servers": noida_kafka.bootstrap}).list_topics(timeout=10)
-        if not set(topics) <= set(known.topics):
-            return []
-        return read_kafka(noida_kafka.bootstrap, topics)  # read committed
+        return outbox_messages(noida_kafka.bootstrap, prefix)
 
     sent = write(pg_db, 0, TRANSACTIONS // 2)
     pipeline.wait_for(lambda: len(received()) >= TRANSACTIONS // 4, 240,
@@ -120,13 +126,10 @@ def test_delivered_outbox_rows_are_deleted_from_the_source_and_only_once_deliver
     pipeline = outbox_pipeline(pg_db, pg_redis_pipeline, noida_kafka, prefix,
                                "delete_delivered: true")
     pipeline.start_all()
-    topics = [f"{prefix}.outbox.event.{kind}" for kind in AGGREGATES]
 
     def received() -> list[str]:
-        known = AdminClient({"bootstrap.servers": noida_kafka.bootstrap}).list_topics(timeout=10)
-        if not set(topics) <= set(known.topics):
-            return []
-        return [dict(m.headers())["id"].decode() for m in read_kafka(noida_kafka.bootstrap, topics)]
+        return [dict(m.headers())["id"].decode()
+                for m in outbox_messages(noida_kafka.bootstrap, prefix)]
 
     def left() -> set[str]:
         with psycopg.connect(pg_db) as conn:
