@@ -67,7 +67,7 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
         pg_db: str, pg_redis_pipeline: Any, redis_server: Any) -> None:
     write(pg_db, "CREATE TABLE orders (id int PRIMARY KEY, total int)",
           "INSERT INTO orders SELECT i, i * 10 FROM generate_series(0, 49) i")
-    pipeline = pg_redis_pipeline(tables="[public.orders]", stream="m1.{table}",
+    pipeline = pg_redis_pipeline(tables="[public.orders]", stream="start1.{table}",
                                  source="snapshot: {mode: initial, chunk_size: 20}")
     name = pipeline.spec_path.stem
     v1 = pipeline.spec_path.read_text()
@@ -76,12 +76,12 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
     pids = pipeline.start_managed(name)
     write(pg_db, "INSERT INTO orders SELECT i, i * 10 FROM generate_series(50, 99) i",
           "UPDATE orders SET total = -7 WHERE id = 7", "DELETE FROM orders WHERE id = 8")
-    pipeline.wait_for(lambda: folded(pipeline, "m1.orders") == rows_of(pg_db), 240,
+    pipeline.wait_for(lambda: folded(pipeline, "start1.orders") == rows_of(pg_db), 240,
                       "version 1 delivered")  # so every change so far is in an epoch
 
     # version 2: a sink that starts now
-    r1 = f'{{id: redis1, type: redis, url: "{redis_server.url}", stream: "m1.{{table}}"}}'
-    r2 = (f'{{id: redis2, type: redis, url: "{redis_server.url}", stream: "m2.{{table}}", '
+    r1 = f'{{id: redis1, type: redis, url: "{redis_server.url}", stream: "start1.{{table}}"}}'
+    r2 = (f'{{id: redis2, type: redis, url: "{redis_server.url}", stream: "start2.{{table}}", '
           'start: now}')
     assert r1 in v1
     v2 = v1.replace(f"    - {r1}\n", f"    - {r1}\n    - {r2}\n")
@@ -92,20 +92,20 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
     assert now["start"] == "now" and now["after_epoch"] and now["tx"] != "0.0"
     write(pg_db, "INSERT INTO orders SELECT i, i * 10 FROM generate_series(100, 149) i",
           "UPDATE orders SET total = -9 WHERE id = 9", "DELETE FROM orders WHERE id = 10")
-    pipeline.wait_for(lambda: len(pipeline.stream_entries("m2.orders")) >= 52, 240,
+    pipeline.wait_for(lambda: len(pipeline.stream_entries("start2.orders")) >= 52, 240,
                       "the changes since redis2 was added")
-    pipeline.wait_for(lambda: folded(pipeline, "m1.orders") == rows_of(pg_db), 120,
+    pipeline.wait_for(lambda: folded(pipeline, "start1.orders") == rows_of(pg_db), 120,
                       "version 2 delivered to redis1")
-    assert Counter(ops(pipeline, "m2.orders", "insert")) == Counter(range(100, 150))
-    assert ops(pipeline, "m2.orders", "update") == [9] and \
-        ops(pipeline, "m2.orders", "delete") == [10]
-    assert len(pipeline.stream_entries("m2.orders")) == 52, "nothing committed before it"
+    assert Counter(ops(pipeline, "start2.orders", "insert")) == Counter(range(100, 150))
+    assert ops(pipeline, "start2.orders", "update") == [9] and \
+        ops(pipeline, "start2.orders", "delete") == [10]
+    assert len(pipeline.stream_entries("start2.orders")) == 52, "nothing committed before it"
 
     # version 3: a sink that starts with a snapshot, while rows keep changing
-    r3 = (f'{{id: redis3, type: redis, url: "{redis_server.url}", stream: "m3.{{table}}", '
+    r3 = (f'{{id: redis3, type: redis, url: "{redis_server.url}", stream: "start3.{{table}}", '
           'start: snapshot}')
     v3 = v2.replace(f"    - {r2}\n", f"    - {r2}\n    - {r3}\n")
-    m1_reads = len(ops(pipeline, "m1.orders", "read"))
+    m1_reads = len(ops(pipeline, "start1.orders", "read"))
     stop = threading.Event()
 
     def keep_writing() -> None:
@@ -133,23 +133,23 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
     assert (snap["sink"], snap["start"], snap["snapshot_tables"]) == (
         "redis3", "snapshot", ["public.orders"])
     source = rows_of(pg_db)
-    pipeline.wait_for(lambda: folded(pipeline, "m3.orders") == source, 240,
+    pipeline.wait_for(lambda: folded(pipeline, "start3.orders") == source, 240,
                       "redis3 to hold exactly the source's rows")
-    pipeline.wait_for(lambda: folded(pipeline, "m1.orders") == folded(
-        pipeline, "m2.orders") == source, 120, "the other sinks, the reads included")
-    assert folded(pipeline, "m3.orders") == source
-    m3_reads = ops(pipeline, "m3.orders", "read")
+    pipeline.wait_for(lambda: folded(pipeline, "start1.orders") == folded(
+        pipeline, "start2.orders") == source, 120, "the other sinks, the reads included")
+    assert folded(pipeline, "start3.orders") == source
+    m3_reads = ops(pipeline, "start3.orders", "read")
     assert m3_reads and len(m3_reads) == len(set(m3_reads)), "each row read once"
-    assert not set(ops(pipeline, "m3.orders", "insert")) & set(range(150)), \
+    assert not set(ops(pipeline, "start3.orders", "insert")) & set(range(150)), \
         "no change committed before redis3 was added"
 
     # the sinks that were there: every change once, and the snapshot's reads
-    inserted = ops(pipeline, "m1.orders", "insert")
+    inserted = ops(pipeline, "start1.orders", "insert")
     assert len(inserted) == len(set(inserted)) and set(inserted) >= set(
         range(100, max(inserted) + 1)), "redis1: each insert once"  # (50-99: read, maybe)
-    assert Counter(ops(pipeline, "m2.orders", "insert")) == Counter(range(100, max(inserted) + 1))
-    assert len(ops(pipeline, "m1.orders", "read")) > m1_reads, "the reads reach redis1 too"
-    assert len(ops(pipeline, "m2.orders", "read")) == len(m3_reads), "and redis2"
+    assert Counter(ops(pipeline, "start2.orders", "insert")) == Counter(range(100, max(inserted) + 1))
+    assert len(ops(pipeline, "start1.orders", "read")) > m1_reads, "the reads reach redis1 too"
+    assert len(ops(pipeline, "start2.orders", "read")) == len(m3_reads), "and redis2"
     assert [p["sink"] for p in placed(pipeline)] == ["redis2", "redis3"], \
         "redis2, which has a checkpoint, was not placed again by version 3"
     pipeline.delete_managed(name, pids)
