@@ -51,3 +51,18 @@ def test_the_kafka_sink_takes_the_sources_setting(monkeypatch: pytest.MonkeyPatc
         KafkaSink(spec(), on_schema_drift="halt").messages([event], [0])
     failures = KafkaSink(spec()).per_event_failures([event])
     assert [i for i, _ in failures] == [0] and "incompatible" in failures[0][1]
+
+
+@pytest.mark.parametrize(("body", "detail"), [
+    (b'{"error_code": 409, "message": "incompatible"}', "incompatible"),
+    (b'["not", "an", "object"]', "Conflict: ['not', 'an', 'object']"),  # it raised before
+    (b"<html>a proxy's page</html>", "Conflict")])
+def test_a_registry_error_is_told_whatever_its_body(body: bytes, detail: str) -> None:
+    import io
+    import urllib.error
+
+    from tailrace_services.delivery.sinks._registry import _detail
+
+    error = urllib.error.HTTPError("http://registry", 409, "Conflict", {},  # type: ignore[arg-type]
+                                   io.BytesIO(body))
+    assert _detail(error) == detail

@@ -97,10 +97,15 @@ class SchemaRegistryClient:
 
 
 def _detail(error: urllib.error.HTTPError) -> str:
+    """The registry's `message`, or what the answer says when it has none (a proxy's page,
+    a JSON answer that is not Confluent's error object)."""
     try:
-        return str(json.loads(error.read()).get("message", ""))
+        body = json.loads(error.read())
     except (ValueError, OSError):
-        return error.reason
+        return str(error.reason)
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{error.reason}: {str(body)[:200]}"
 
 
 def registry_client(spec: KafkaSinkSpec) -> SchemaRegistryClient:
