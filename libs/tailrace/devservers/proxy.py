@@ -269,14 +269,17 @@ class TcpProxy:
         self.cuts_made.set()
 
     def _send(self, dst: socket.socket, data: bytes) -> None:
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        if not self.bytes_per_s:
+        # read once: `slow()` may undo the rate while a chunk trickles (a rate of 0 read
+        # again here killed the pump with ZeroDivisionError, and its connection hung)
+        delay_s, bytes_per_s = self.delay_s, self.bytes_per_s
+        if delay_s:
+            time.sleep(delay_s)
+        if not bytes_per_s:
             dst.sendall(data)
             return
         for start in range(0, len(data), _TRICKLE):
             dst.sendall(data[start:start + _TRICKLE])
-            time.sleep(min(_TRICKLE, len(data) - start) / self.bytes_per_s)
+            time.sleep(min(_TRICKLE, len(data) - start) / bytes_per_s)
 
     def __enter__(self) -> Self:
         return self.start()
