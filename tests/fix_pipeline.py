@@ -163,8 +163,11 @@ class RunningPipeline:
             wait_for_port(listen)
 
     def start_managed(self, name: str) -> dict[str, int]:
-        """Capture and delivery in managed mode (`--managed name`, polling every second),
+        """The control service with this spec applied as version 1 of pipeline `name`, then
+        capture and delivery in managed mode (`--managed name`, polling every second);
         their pids by service."""
+        self.start("control")
+        assert "created: version 1" in self.cli("apply", "-f", str(self.spec_path))
         for service in ("capture", "delivery"):
             argv = service_argv(f"tailrace-{service}", "--managed", name, "--control",
                                 self.control_address, "--token-file",

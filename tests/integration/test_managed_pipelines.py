@@ -43,8 +43,6 @@ def test_managed_services_follow_applied_versions_without_restart_or_loss(
                                  source="snapshot: {mode: initial}")
     name = pipeline.spec_path.stem
     v1 = pipeline.spec_path.read_text()
-    pipeline.start("control")
-    assert "created: version 1" in pipeline.cli("apply", "-f", str(pipeline.spec_path))
     pids = pipeline.start_managed(name)
     insert(pg_db, "orders", range(50, 100))
     pipeline.wait_for(lambda: len(ids_in(pipeline, "m1.orders")) >= 100, 240, "version 1")

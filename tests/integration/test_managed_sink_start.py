@@ -71,8 +71,6 @@ def test_added_sinks_start_now_or_from_a_snapshot_and_the_sink_there_is_not_move
                                  source="snapshot: {mode: initial, chunk_size: 20}")
     name = pipeline.spec_path.stem
     v1 = pipeline.spec_path.read_text()
-    pipeline.start("control")
-    assert "created: version 1" in pipeline.cli("apply", "-f", str(pipeline.spec_path))
     pids = pipeline.start_managed(name)
     write(pg_db, "INSERT INTO orders SELECT i, i * 10 FROM generate_series(50, 99) i",
           "UPDATE orders SET total = -7 WHERE id = 7", "DELETE FROM orders WHERE id = 8")

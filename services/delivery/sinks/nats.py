@@ -247,17 +247,23 @@ class NatsSink(Sink):
         nc, js = self._nc, self._js
         assert nc is not None and js is not None
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+
+        def acked(_: asyncio.Future[PubAck]) -> None:
+            nonlocal deadline
+            deadline = loop.time() + self._timeout_s
+
         futures = [await js.publish_async(subject, payload, headers=dict(hdrs))
                    for subject, payload, hdrs in messages]
+        deadline = loop.time() + self._timeout_s  # from the last publish, then the last ack
+        for future in futures:
+            future.add_done_callback(acked)
         acks = asyncio.gather(*futures)  # fails with the first failed ack
-        deadline, acked = loop.time() + self._timeout_s, 0
         try:
             while not acks.done():
                 await asyncio.wait({acks}, timeout=0.05)
                 if not acks.done() and (nc.is_closed or not nc.is_connected):
                     raise nats.errors.ConnectionClosedError
-                if (now_acked := sum(f.done() for f in futures)) > acked:
-                    deadline, acked = loop.time() + self._timeout_s, now_acked
                 if not acks.done() and loop.time() > deadline:
                     raise nats.errors.TimeoutError
         except BaseException:
