@@ -74,6 +74,7 @@ __all__ = [
     "debezium",
     "debezium_connector",
     "debezium_key",
+    "iso_utc",
     "debezium_op",
     "debezium_source",
     "debezium_source_fields",
@@ -236,7 +237,7 @@ def _cloudevent_attributes(event: ChangeEvent) -> dict[str, Any]:
         "datacontenttype": "application/json",
     }
     if event.ts_source_micros:
-        doc["time"] = _iso(event.ts_source_micros)
+        doc["time"] = iso_utc(event.ts_source_micros)
     if event.schema_version:
         doc["dataschema"] = f"urn:tailrace:schema:{event.schema_version}"
     doc["partitionkey"] = key_bytes(event).decode()
@@ -245,7 +246,8 @@ def _cloudevent_attributes(event: ChangeEvent) -> dict[str, Any]:
     return doc
 
 
-def _iso(micros: int) -> str:
+def iso_utc(micros: int) -> str:
+    """Microseconds since the epoch as Debezium's ZonedTimestamp text (ISO-8601, UTC, Z)."""
     moment = _EPOCH + dt.timedelta(microseconds=micros)
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -492,7 +494,7 @@ def _value(value: Value) -> Any:
         return base64.b64encode(value.bytes_value).decode()
     if kind == "timestamp_value":
         ts = value.timestamp_value
-        return _iso(ts.epoch_micros) if ts.with_zone else ts.epoch_micros
+        return iso_utc(ts.epoch_micros) if ts.with_zone else ts.epoch_micros
     if kind == "array_value":
         return [_value(v) for v in value.array_value.items]
     return getattr(value, kind)  # decimal, json, uuid stay text; date days; time micros

@@ -6,7 +6,7 @@ import re
 import string
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated, Literal, Self
+from typing import Annotated, Literal, Self, get_args
 
 from pydantic import (
     AfterValidator,
@@ -265,7 +265,8 @@ SourceSpec = Annotated[PostgresSourceSpec | MysqlSourceSpec, Field(discriminator
 
 Envelope = Literal["native", "protobuf", "debezium", "cloudevents"]
 
-_SINK_STARTS = ("earliest", "now", "snapshot")
+_StartName = Literal["earliest", "now", "snapshot"]
+_SINK_STARTS = get_args(_StartName)
 
 
 def _check_start(value: object) -> object:
@@ -279,7 +280,7 @@ def _check_start(value: object) -> object:
                      "registration on) or snapshot (as now, its tables read first)")
 
 
-SinkStart = Annotated[Literal["earliest", "now", "snapshot"], BeforeValidator(_check_start)]
+SinkStart = Annotated[_StartName, BeforeValidator(_check_start)]
 
 
 class _SinkBase(_Spec):

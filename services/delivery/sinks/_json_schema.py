@@ -35,21 +35,19 @@ Avro.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import math
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from tailrace.envelopes import debezium_connector, debezium_source_fields
+from tailrace.envelopes import debezium_connector, debezium_source_fields, iso_utc
 from tailrace.events import ChangeEvent
 from tailrace_services.delivery.sinks._avro import ColumnTable, plain_decimal
 from tailrace_services.delivery.sinks._registry_encoder import RegistryEncoder
 
 CONTENT_TYPE = "application/vnd.confluent.jsonschema"
 DRAFT = "http://json-schema.org/draft-07/schema#"
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 _NULL = {"type": "null"}
 _INTEGER = {"type": "integer"}
@@ -97,17 +95,12 @@ def json_finish(avro: dict[str, Any]) -> Callable[[Any], Any] | None:
     if logical == "decimal":
         return plain_decimal
     if logical == "timestamp-micros":
-        return _iso
+        return iso_utc
     if kind in ("float", "double"):
         return _finite
     if kind == "bytes":
         return lambda v: base64.b64encode(v).decode()
     return None
-
-
-def _iso(micros: int) -> str:
-    moment = _EPOCH + dt.timedelta(microseconds=micros)
-    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _finite(number: float) -> float:
