@@ -121,8 +121,24 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet_accumulator_server(spark.sparkContext)
     spark.dataSource.register(BusDataSource)
     return spark
+
+
+def _quiet_accumulator_server(context: Any) -> None:
+    """PySpark's accumulator server prints a traceback of its own (socketserver's
+    `handle_error`, raw on stderr) when the JVM closes its socket first, as it does when a
+    stop signal reaches the whole process group. That is the ordinary end of a connection:
+    a debug line of ours, in the run's log format, instead."""
+    server = getattr(context, "_accumulatorServer", None)
+    if server is None:
+        return
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        log.debug("spark accumulator connection ended", exc_info=True)
+
+    server.handle_error = handle_error
 
 
 def _start_spark(app: str, master: str, driver_host: str, conf: Mapping[str, str],
