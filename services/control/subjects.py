@@ -171,20 +171,21 @@ class Subjects:
         kind = _kind(schema_type)
         _check_subject(subject)
         _checked(kind, text)
-        schema_id = self._id_of(kind, text) or self._new_id(kind, text)
+        schema_id = self._id_of(kind, text)  # an id is global: another subject's, if any
         while True:
             try:
                 numbers = self.versions(subject)
             except RegistryError:
                 numbers = []
             for number in numbers:
-                if self.version(subject, number).id == schema_id:
+                if schema_id and self.version(subject, number).id == schema_id:
                     return schema_id  # registered before: the same id, no new version
             found = self.problems(subject, text, schema_type=kind.name)
-            if found:
+            if found:  # refused before it has an id: ids name only schemas some subject holds
                 raise RegistryError(409, 409, "Schema being registered is incompatible with "
                                     f"an earlier schema for subject '{subject}' (compatibility "
                                     f"{self.level(subject)}): " + "; ".join(found))
+            schema_id = schema_id or self._new_id(kind, text)
             number = (numbers[-1] if numbers else 0) + 1
             try:
                 self._storage.kv_cas([(self._version_key(subject, number),

@@ -83,7 +83,8 @@ def test_backward_compatibility_is_the_default_and_is_checked(control) -> None:
     assert registry.get_versions("compat-value") == [1, 2], "nothing registered by a refusal"
     registry.set_compatibility("compat-value", "NONE")
     assert registry.get_compatibility("compat-value") == "NONE"
-    registry.register_schema("compat-value", avro(retyped))
+    assert registry.register_schema("compat-value", avro(retyped)) == max(v1, v2) + 1, \
+        "the refused schemas were given no id"
     assert registry.get_versions("compat-value") == [1, 2, 3]
 
 
