@@ -146,3 +146,14 @@ def test_what_the_registry_serves_back_gives_the_history_a_restart_numbers_from(
     table = _JsonTable(event, columns, None)
     kept = JsonSchemaEncoder.__new__(JsonSchemaEncoder).history_of(table.value_schema)
     assert kept == {**table.history, "id": {"oneOf": [{"type": "null"}, {"type": "integer"}]}}
+
+
+def test_columns_protobuf_would_give_one_json_name_are_refused_by_name() -> None:
+    event = _event(("id", "bigint", 1), ("fooBar", "int", 2), ("foo_bar", "int", 3))
+    with pytest.raises(ValueError, match=r"columns 'fooBar' and 'foo_bar' of public\.orders "
+                                         r"have the same protobuf JSON name 'fooBar'.*avro"):
+        _ProtoTable(event, [(c.name, c.type) for c in event.after.columns], None)
+    kept = _event(("id", "bigint", 1), ("foo_bar", "int", 3))  # fooBar dropped: it stays
+    with pytest.raises(ValueError, match="'foo_bar' and 'fooBar'"):
+        _ProtoTable(kept, [(c.name, c.type) for c in kept.after.columns],
+                    {"id": Field(1, "int64", False), "fooBar": Field(2, "int32", True)})

@@ -216,6 +216,31 @@ def numbered(columns: list[tuple[str, str, bool]], history: dict[str, Field] | N
     return fields
 
 
+def _json_name(field_name: str) -> str:
+    """protobuf's JSON name of a field (its `ToJsonName`): `foo_bar` -> `fooBar`."""
+    out, upper = [], False
+    for ch in field_name:
+        if ch == "_":
+            upper = True
+        else:
+            out.append(ch.upper() if upper else ch)
+            upper = False
+    return "".join(out)
+
+
+def _check_json_names(fields: dict[str, Field], table: str) -> None:
+    """proto3 refuses two fields of one message with the same JSON name (`fooBar` and
+    `foo_bar`); say which columns, and the ways out, before protobuf's own TypeError."""
+    seen: dict[str, str] = {}
+    for name in fields:
+        other = seen.setdefault(_json_name(name), name)
+        if other != name:
+            raise ValueError(
+                f"columns {other!r} and {name!r} of {table} have the same protobuf JSON name "
+                f"{_json_name(name)!r}, which proto3 refuses in one message: rename one of "
+                "them, or give this sink format: avro or json_schema")
+
+
 class _ProtoTable(ColumnTable):
     """One table shape's .proto files (value and key) and their message classes;
     `history`: the `Value` message's fields."""
@@ -227,6 +252,7 @@ class _ProtoTable(ColumnTable):
         types = {self.names[n]: proto_type(self.types[n]) for n, _ in columns}
         self.history = value = numbered(
             [(self.names[n], types[self.names[n]], n in self.keys) for n, _ in columns], history)
+        _check_json_names(value, f"{event.schema or event.database}.{event.table}")
         value_file = _File(package, {
             "Envelope": _ENVELOPE, "Value": value,
             "Source": _source_fields(debezium_connector(event)), "Block": _BLOCK,
