@@ -305,6 +305,9 @@ class BusView:
 
     events: list[tuple[int, int, ChangeEvent]] = field(default_factory=list)
     markers: list[tuple[int, int, EpochMarker]] = field(default_factory=list)
+    # epoch 0: what capture writes to every partition to look for a lost bus again
+    # (`resume.bus_lost_epoch`'s probe); no cut, no position, skipped by delivery
+    probes: list[tuple[int, int, EpochMarker]] = field(default_factory=list)
 
     def by_partition(self) -> dict[int, list[tuple[int, ChangeEvent | EpochMarker]]]:
         out: dict[int, list[tuple[int, ChangeEvent | EpochMarker]]] = defaultdict(list)
@@ -334,6 +337,8 @@ def read_bus(brokers: str, topic: str, partitions: int, until: Callable[[BusView
                 record = message.record()
                 if record.WhichOneof("record") == "event":
                     view.events.append((message.partition, message.offset, record.event))
+                elif record.epoch.epoch_id == 0:
+                    view.probes.append((message.partition, message.offset, record.epoch))
                 else:
                     view.markers.append((message.partition, message.offset, record.epoch))
             if len(batch) < 100 and until(view):

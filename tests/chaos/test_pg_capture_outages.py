@@ -158,8 +158,15 @@ def test_bus_cut_off_capture_stops_reading_then_resumes_without_dropping(
     # (published again from the checkpoint at the next start)
     proxy.cut()
     with psycopg.connect(pg_db, autocommit=True) as conn:
+        before = conn.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint"
+                              ).fetchone()[0]
         conn.execute("INSERT INTO items SELECT g, 0 FROM generate_series(10000001, 10000100) g")
-    time.sleep(1)
+    # capture reports what it read: past `before` once it read these rows, now in flight to
+    # the cut bus
+    deadline = time.monotonic() + 60
+    while reported_write_lsn(pg_db, rig.slot)[0] <= before:
+        assert time.monotonic() < deadline, "capture never read the rows written to the cut bus"
+        time.sleep(0.2)
     started = time.monotonic()
     assert capture.stop() == 0
     assert time.monotonic() - started < 15
