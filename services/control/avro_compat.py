@@ -25,20 +25,28 @@ def parse(text: str) -> Any:
     """The schema as JSON with named types expanded in place; raises `InvalidSchema`."""
     try:
         schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidSchema(f"not JSON: {e}") from None
-    _require_fields(schema, "")  # before fastavro, which fills in what is missing
-    try:
+        _require_fields(schema, "")  # before fastavro, which fills in what is missing
         fastavro.parse_schema(copy.deepcopy(schema))
         return expand_schema(schema)
+    except InvalidSchema:
+        raise
+    except json.JSONDecodeError as e:
+        raise InvalidSchema(f"not JSON: {e}") from None
     except (SchemaParseException, ValueError, TypeError, KeyError) as e:
         raise InvalidSchema(f"not an Avro schema: {e}") from None
+    except RecursionError:
+        raise InvalidSchema("nested too deeply to be checked") from None
 
 
 def _require_fields(schema: Any, at: str) -> None:
-    """What fastavro lets pass and Avro does not: a record without a list of fields."""
+    """What fastavro lets pass and Avro does not (a record without a list of fields), or
+    trips on before fastavro sees it (a number, an array without `items`)."""
+    where = at or "the top"
+    if not isinstance(schema, str | list | dict):
+        raise InvalidSchema(f"not an Avro schema at {where}: {json.dumps(schema)}, not a name, "
+                            "an object or a union")
     if isinstance(schema, dict) and "type" not in schema:
-        raise InvalidSchema(f"not an Avro schema: no \"type\" at {at or 'the top'}")
+        raise InvalidSchema(f"not an Avro schema: no \"type\" at {where}")
     shape = _shape(schema)
     if shape["type"] == "union":
         for branch in shape["branches"]:
@@ -52,10 +60,12 @@ def _require_fields(schema: Any, at: str) -> None:
                 raise InvalidSchema(f"not an Avro schema: a field of {_name(shape)} needs a "
                                     f"name and a type: {field!r}")
             _require_fields(field["type"], f"{at}.{field['name']}" if at else field["name"])
-    elif shape["type"] == "array":
-        _require_fields(shape["items"], f"{at}[]")
-    elif shape["type"] == "map":
-        _require_fields(shape["values"], f"{at}{{}}")
+    elif shape["type"] in ("array", "map"):
+        key = "items" if shape["type"] == "array" else "values"
+        if key not in shape:
+            raise InvalidSchema(f"not an Avro schema: the {shape['type']} at {where} has no "
+                                f"\"{key}\"")
+        _require_fields(shape[key], f"{at}[]" if key == "items" else f"{at}{{}}")
 
 
 def normalized(text: str) -> str:

@@ -9,9 +9,15 @@ schema may also be registered in that serialized form, as Confluent's Python
 - the file's first message must stay first (message index `[0]` in the data names it);
 - a field number in both must keep its type (scalar type, or message/enum full name) and
   its repeated-ness, and its name (a number used for another name is a reused number);
-- a field of the reader must not use a number the writer reserved (a reused number).
-Not checked: enum values, oneof membership, field defaults or options, and Confluent's
-wire-compatible type changes (int32 to int64, string to bytes, ...), which are refused.
+- a field of the reader must not use a number the writer reserved (a reused number);
+- proto2 `required`: a field added as required, made required, or a required one removed
+  is refused (Confluent's REQUIRED_FIELD_ADDED / _REMOVED);
+- oneofs: fields the writer kept apart (top-level ones, or ones of different oneofs) must
+  not be one oneof's in the reader, since old data may set more than one of them
+  (Confluent's MULTIPLE_FIELDS_MOVED_TO_ONEOF, FIELD_MOVED_TO_EXISTING_ONEOF); one field
+  moved into a new oneof is compatible.
+Not checked: enum values, field defaults or options, and Confluent's wire-compatible type
+changes (int32 to int64, string to bytes, ...), which are refused.
 """
 
 from __future__ import annotations
@@ -149,19 +155,61 @@ def _fields(name: str, r: descriptor_pb2.DescriptorProto, w: descriptor_pb2.Desc
             ) -> list[str]:
     found: list[str] = []
     written = {f.number: f for f in w.field}
+    read = {f.number for f in r.field}
     for field in r.field:
         where = f"{name}.{field.name} = {field.number}"
         if any(lo <= field.number < hi for lo, hi in
                ((rng.start, rng.end) for rng in w.reserved_range)):
             found.append(f"{where}: the number was reserved (a reused number)")
         old = written.get(field.number)
+        required = field.label == _FDP.LABEL_REQUIRED
         if old is None:
+            if required:
+                found.append(f"{where}: added as required (old data lacks it)")
             continue
         if old.name != field.name:
             found.append(f"{where}: the number was {old.name}'s (a reused number)")
         if _kind(old) != _kind(field):
             found.append(f"{where}: {_kind(old)} written, {_kind(field)} read")
+        if required and old.label != _FDP.LABEL_REQUIRED:
+            found.append(f"{where}: required now, not before (old data may lack it)")
+    for old in w.field:
+        if old.number not in read and old.label == _FDP.LABEL_REQUIRED:
+            found.append(f"{name}.{old.name} = {old.number}: required in the writer's schema, "
+                         "not in the reader's (a required field added or removed: readers "
+                         "that require it refuse data without it)")
+    return found + _oneofs(name, r, w)
+
+
+def _oneofs(name: str, r: descriptor_pb2.DescriptorProto, w: descriptor_pb2.DescriptorProto
+            ) -> list[str]:
+    """Fields data written with `w` may set together (top-level ones, or ones of different
+    oneofs) that are one oneof's in `r`, which keeps only one of them (Confluent's rules)."""
+    found: list[str] = []
+    w_oneof, r_oneof = _oneof_of(w), _oneof_of(r)
+    written = {f.number for f in w.field}
+    existed = set(w_oneof.values())
+    for oneof in dict.fromkeys(r_oneof.values()):
+        kept = [f for f in r.field if r_oneof.get(f.number) == oneof and f.number in written]
+        moved = [f"{f.name} = {f.number}" for f in kept if f.number not in w_oneof]
+        apart = {w_oneof.get(f.number, f"{f.number}") for f in kept}
+        where = f"{name}: oneof {oneof}"
+        if len(moved) > 1:
+            found.append(f"{where} holds {', '.join(moved)}, fields apart in the writer's "
+                         "schema (data may set more than one of them)")
+        elif moved and (oneof in existed or len(apart) > 1):
+            found.append(f"{where} holds {moved[0]}, apart in the writer's schema, beside "
+                         "fields of a oneof the writer had (data may set both)")
+        elif len(apart) > 1:
+            found.append(f"{where} holds fields of the writer's oneofs {sorted(apart)} (data "
+                         "may set one of each)")
     return found
+
+
+def _oneof_of(message: descriptor_pb2.DescriptorProto) -> dict[int, str]:
+    """Field number -> its oneof's name, for fields in a oneof (not proto3 `optional`'s own)."""
+    return {f.number: message.oneof_decl[f.oneof_index].name for f in message.field
+            if f.HasField("oneof_index") and not f.proto3_optional}
 
 
 def _kind(field: descriptor_pb2.FieldDescriptorProto) -> str:

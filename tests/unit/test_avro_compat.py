@@ -73,3 +73,21 @@ def test_stable_text_and_bad_schemas() -> None:
                 '{"type": "nosuchtype"}'):
         with pytest.raises(InvalidSchema):
             parse(bad)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("5", "at the top: 5, not a name"),
+    ("null", "at the top: null, not a name"),
+    ("true", "at the top: true, not a name"),
+    ('["null", 5]', "at the top: 5, not a name"),
+    ('{"type": "array"}', 'the array at the top has no "items"'),
+    ('{"type": "map"}', 'the map at the top has no "values"'),
+    ('{"type": "record", "name": "X", "fields": [{"name": "a", "type": {"type": "array"}}]}',
+     'the array at a has no "items"'),
+    ('{"type": "record", "name": "X", "fields": [{"name": "m", "type": {"type": "map"}}]}',
+     'the map at m has no "values"'),
+    ('{"type": "array", "items": ' * 2000 + '"int"' + "}" * 2000, "nested too deeply"),
+])
+def test_what_is_not_an_avro_schema_is_refused_not_a_crash(text: str, why: str) -> None:
+    with pytest.raises(InvalidSchema, match=why):
+        parse(text)

@@ -83,12 +83,85 @@ def test_json_refs_are_followed_and_the_levels_look_both_ways() -> None:
     assert json_compat.problems("NONE", v2, [v1]) == []
 
 
+def doc(schema: dict[str, object]) -> json_compat.Doc:
+    return json_compat.parse(json.dumps(schema))
+
+
+def with_b(b: dict[str, object], **top: object) -> json_compat.Doc:
+    return doc({**top, "$defs": {"B": b}})
+
+
+B_TEXT = {"type": "object", "properties": {"a": {"type": "string"}}}
+B_NUMBER_REQUIRED = {"type": "object", "properties": {"a": {"type": "integer"}},
+                     "required": ["a"]}
+
+
+@pytest.mark.parametrize("key", ["allOf", "not", "if", "items", "prefixItems",
+                                 "dependentSchemas"])
+def test_json_a_definition_changed_behind_an_unchanged_ref_is_a_change(key: str) -> None:
+    ref: object = {"$ref": "#/$defs/B"}
+    value = {"allOf": [ref], "not": ref, "if": ref, "items": [ref], "prefixItems": [ref],
+             "dependentSchemas": {"a": ref}}[key]
+    old, new = with_b(B_TEXT, **{key: value}), with_b(B_NUMBER_REQUIRED, **{key: value})
+    [problem] = backward(new, old)
+    assert f"{key} is unchanged, but a definition its $ref points at is not" in problem
+    assert backward(with_b(B_TEXT, **{key: value}), old) == []
+
+
+def test_json_a_recursive_definition_behind_a_ref_is_compared_too() -> None:
+    def listed(kind: str) -> json_compat.Doc:
+        return doc({"not": {"$ref": "#/$defs/N"}, "$defs": {"N": {
+            "type": "object", "properties": {"v": {"type": kind},
+                                             "next": {"$ref": "#/$defs/N"}}}}})
+    assert backward(listed("string"), listed("string")) == []
+    assert any("not is unchanged, but a definition" in p
+               for p in backward(listed("integer"), listed("string")))
+
+
+def test_json_the_words_beside_a_union_hold_in_each_branch() -> None:
+    def beside(a: str, required: tuple[str, ...] = ()) -> json_compat.Doc:
+        return doc({"type": "object", "properties": {"a": {"type": a}},
+                    "required": list(required),
+                    "anyOf": [{"properties": {"b": {"type": "string"}}, "required": ["b"]}]})
+    assert backward(beside("string"), beside("string")) == []
+    assert any("a: required now, not before" in p
+               for p in backward(beside("string", ("a",)), beside("string"))), \
+        "the reader's own required list was lost to the branch's"
+    assert any("a: ['string'] written, ['integer'] read" in p
+               for p in backward(beside("integer"), beside("string"))), \
+        "the reader's own properties were lost to the branch's"
+
+
+def test_json_the_words_beside_a_ref_apply_too() -> None:
+    old = with_b(B_TEXT, **{"$ref": "#/$defs/B"})
+    assert any("a: required now, not before" in p for p in backward(
+        with_b(B_TEXT, **{"$ref": "#/$defs/B", "required": ["a"]}), old))
+    assert any("a: ['string'] written, ['integer'] read" in p for p in backward(
+        with_b(B_TEXT, **{"$ref": "#/$defs/B", "properties": {"a": {"type": "integer"}}}),
+        old)), "a key in both: the reader must read with each"
+    bounded = {**B_TEXT, "properties": {"a": {"type": "string", "maxLength": 9}}}
+    both = with_b(bounded, **{"$ref": "#/$defs/B", "properties": {"a": {"maxLength": 5}}})
+    assert backward(with_b(bounded, **{"$ref": "#/$defs/B"}), both) == [], \
+        "one part of the writer read alone"
+    assert backward(both, both) == []
+    [problem] = backward(doc({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 5}}}), both)
+    assert "parts that could not be merged" in problem, "not a guess: refused, and why"
+
+
 @pytest.mark.parametrize(("text", "why"), [
     ("[1]", "not a JSON Schema"),
     ('{"type": "thing"}', "type 'thing'"),
     ('{"$ref": "other.json#/x"}', "references to other documents"),
     ('{"$ref": "#/definitions/Missing"}', "points at nothing"),
     ('{"properties": {"a": {"required": "a"}}}', "required at a"),
+    ('{"type": {"a": 1}}', "type {'a': 1}"),
+    ('{"type": [["string"]]}', r"type \['string'\]"),
+    ('{"items": [5]}', "not a JSON Schema at \\[0\\]"),
+    ('{"additionalProperties": [true]}', "not a JSON Schema at <additionalProperties>"),
+    ('{"$ref": "#/required", "required": ["a"]}', "not a JSON Schema at #/required"),
+    ('{"anyOf": [{"$ref": "#"}, {"type": "string"}]}', "part of itself"),
+    ('{"items": ' * 2000 + "{}" + "}" * 2000, "nested too deeply"),
 ])
 def test_what_is_not_a_json_schema_is_refused(text: str, why: str) -> None:
     with pytest.raises(InvalidSchema, match=why):
@@ -129,6 +202,57 @@ def test_protobuf_a_reserved_number_used_again_is_refused() -> None:
     problems = proto_compat.problems("BACKWARD", proto(V1.replace("string note", "bytes blob")),
                                      [removed])
     assert any("was reserved" in p for p in problems), problems
+
+
+TWO = "message M { int32 a = 1; int32 b = 2; }"
+
+
+@pytest.mark.parametrize(("new", "old", "found"), [
+    ("message M { oneof x { int32 a = 1; int32 b = 2; } }", TWO,
+     "oneof x holds a = 1, b = 2, fields apart in the writer's schema"),
+    ("message M { oneof x { int32 a = 1; int32 b = 2; } }",
+     "message M { int32 a = 1; oneof x { int32 b = 2; } }",
+     "oneof x holds a = 1, apart in the writer's schema, beside fields of a oneof"),
+    ("message M { oneof z { int32 a = 1; int32 b = 2; } }",
+     "message M { oneof x { int32 a = 1; } oneof y { int32 b = 2; } }",
+     "oneof z holds fields of the writer's oneofs ['x', 'y']"),
+])
+def test_protobuf_fields_data_may_set_together_made_one_oneofs_are_refused(
+        new: str, old: str, found: str) -> None:
+    problems = proto_compat.problems("BACKWARD", proto(new), [proto(old)])
+    assert any(found in p for p in problems), problems
+
+
+def test_protobuf_one_field_into_a_new_oneof_is_compatible() -> None:
+    assert proto_compat.problems("BACKWARD", proto("message M { int32 b = 2; oneof x { "
+                                                   "int32 a = 1; } }"), [proto(TWO)]) == []
+    assert proto_compat.problems("FULL", proto("message M { optional int32 a = 1; int32 b = 2; "
+                                               "}"), [proto(TWO)]) == [], \
+        "proto3 optional's own oneof is no oneof"
+
+
+def proto2(body: str) -> object:
+    return proto_compat.parse(f'syntax = "proto2";\npackage shop;\n{body}')
+
+
+OPTIONAL = "message M { optional int32 a = 1; optional int32 b = 2; }"
+REQUIRED = "message M { optional int32 a = 1; required int32 b = 2; }"
+WITHOUT = "message M { optional int32 a = 1; }"
+
+
+@pytest.mark.parametrize(("level", "new", "old", "found"), [
+    ("BACKWARD", REQUIRED, WITHOUT, "M.b = 2: added as required"),
+    ("BACKWARD", WITHOUT, REQUIRED, "M.b = 2: required in the writer's schema, not in the"),
+    ("FORWARD", REQUIRED, WITHOUT, "M.b = 2: required in the writer's schema, not in the"),
+    ("BACKWARD", REQUIRED, OPTIONAL, "M.b = 2: required now, not before"),
+    ("FULL", OPTIONAL, REQUIRED, "old readers cannot read new data: shop.M.b = 2: required now"),
+])
+def test_protobuf_proto2_required_fields_added_removed_or_made_are_refused(
+        level: str, new: str, old: str, found: str) -> None:
+    problems = proto_compat.problems(level, proto2(new), [proto2(old)])
+    assert any(found in p for p in problems), problems
+    assert proto_compat.problems("BACKWARD", proto2(OPTIONAL), [proto2(REQUIRED)]) == [], \
+        "a required field made optional: old data has it"
 
 
 def test_protobuf_text_and_its_serialized_form_are_one_schema() -> None:
