@@ -35,20 +35,21 @@ from tests.fix_pipeline import (
 )
 
 KEYS = 20
+SINK_KINDS = ("redis", "postgres", "nats", "kafka")
 # what `/ready` of which service names while the link is cut (`tailrace.links`)
 NAMED = {"source": [("capture", "reconnecting to the source database")],
          "capture-control": [("capture", "control service at 127.0.0.1:")],
          "delivery-control": [("delivery", "control service at 127.0.0.1:")],
          "bus": [("capture", "bus at 127.0.0.1:"), ("delivery", "bus at 127.0.0.1:")],
          "delivery-bus": [("delivery", "bus at 127.0.0.1:")],
-         **{f"sink-{kind}": [("delivery", "sink s1 failed")]
-            for kind in ("redis", "postgres", "nats", "kafka")}}
+         **{f"sink-{kind}": [("delivery", "sink s1 failed")] for kind in SINK_KINDS},
+         "sinks": [("delivery", f"sink {kind} failed") for kind in SINK_KINDS]}
 BEFORE, DURING, TRANSACTIONS = 20, 50, 70  # t < BEFORE delivered first; up to DURING cut
 CUT_S = 30.0
-LINKS = ["source", "capture-control", "delivery-control", "bus", "delivery-bus",
-         "sink-redis", "sink-postgres", "sink-nats", "sink-kafka"]
-SLOW_LINKS = ["source", "capture-control", "delivery-control", "bus", "sink-redis",
-              "sink-postgres", "sink-nats", "sink-kafka"]
+# "sinks": delivery's link to each sink kind at once, in one pipeline of four sinks (one
+# pipeline's start instead of four, on a machine where the suite is CPU-bound)
+LINKS = ["source", "capture-control", "delivery-control", "bus", "delivery-bus", "sinks"]
+SLOW_LINKS = ["source", "capture-control", "delivery-control", "bus", "sinks"]
 
 
 def port_of(url: str) -> int:
@@ -74,20 +75,51 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
     return "; ".join(out)
 
 
+Values = Callable[[], dict[int, list[int]]]  # what a sink holds: each key's values in order
+
+
+class Proxies:
+    """Several proxies cut, slowed and restored together."""
+
+    def __init__(self, proxies: list[Any]) -> None:
+        self.proxies = proxies
+
+    def cut(self, **kwargs: Any) -> None:
+        for proxy in self.proxies:
+            proxy.cut(**kwargs)
+
+    def slow(self, **kwargs: Any) -> None:
+        for proxy in self.proxies:
+            proxy.slow(**kwargs)
+
+    def restore(self) -> None:
+        for proxy in self.proxies:
+            proxy.restore()
+
+
 def wire(link: str, prefix: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
          tmp_path: Path, request: pytest.FixtureRequest, batch: str = "{max_ms: 200}"
-         ) -> tuple[RunningPipeline, Any, Callable[[], dict[int, list[int]]]]:
+         ) -> tuple[RunningPipeline, Any, dict[str, Values]]:
     """A pipeline of an `acct` table whose `link` goes through a proxy the test controls:
-    (the unstarted pipeline, the proxy, what its sink `s1` holds: each key's values in
-    the order written). The sink is Redis unless the link is another sink's."""
+    (the unstarted pipeline, the proxy, what each sink holds by its id). The sink is
+    Redis `s1` unless the link is another sink's; for "sinks", one sink of each kind (its
+    id the kind), each behind its own proxy, and the proxy returned a `Proxies`."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL)")
-    kind = link.removeprefix("sink-") if link.startswith("sink-") else "redis"
     proxy: Any = None
-    if link.startswith("sink-"):
-        proxy, sink, values = proxied_sink(kind, f"{prefix}-{link}", tcp_proxy, request)
+    if link == "sinks":
+        wired = {kind: proxied_sink(kind, f"{prefix}-{kind}", tcp_proxy, request, kind)
+                 for kind in SINK_KINDS}
+        proxy = Proxies([p for p, _, _ in wired.values()])
+        sink = "\n    - ".join(spec for _, spec, _ in wired.values())
+        values = {kind: v for kind, (_, _, v) in wired.items()}
+    elif link.startswith("sink-"):
+        proxy, sink, one = proxied_sink(link.removeprefix("sink-"), f"{prefix}-{link}",
+                                        tcp_proxy, request)
+        values = {"s1": one}
     else:
-        sink, values = proxied_sink("redis", f"{prefix}-{link}", None, request)[1:]
+        _, sink, one = proxied_sink("redis", f"{prefix}-{link}", None, request)
+        values = {"s1": one}
     brokers = ""
     if link in ("bus", "delivery-bus"):
         _, proxy = request.getfixturevalue("proxied_broker")
@@ -106,10 +138,11 @@ def wire(link: str, prefix: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: 
     return pipeline, proxy, values
 
 
-def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRequest
-                 ) -> tuple[Any, str, Callable[[], dict[int, list[int]]]]:
-    """A sink `s1` of `kind` named `name` (its stream, subject, topic or database), behind a
-    proxy when `tcp_proxy` is given: (the proxy, the sink's spec, what it holds per key).
+def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRequest,
+                 sink_id: str = "s1") -> tuple[Any, str, Values]:
+    """A sink `sink_id` of `kind` named `name` (its stream, subject, topic or database),
+    behind a proxy when `tcp_proxy` is given: (the proxy, the sink's spec, what it holds
+    per key).
     PostgreSQL counts every row it applied with an audit trigger; Kafka is noida-db,
     exactly-once, read committed."""
     proxy: Any = None
@@ -119,7 +152,7 @@ def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRe
         if tcp_proxy is not None:
             proxy = tcp_proxy(server.port)
             url = url.replace(f":{server.port}/", f":{proxy.port}/")
-        return proxy, f'{{id: s1, type: redis, url: "{url}", stream: "{name}.{{table}}"}}', \
+        return proxy, f'{{id: {sink_id}, type: redis, url: "{url}", stream: "{name}.{{table}}"}}', \
             lambda: values_per_key(server.url, f"{name}.acct")
     if kind == "postgres":
         server = request.getfixturevalue("pg_server")
@@ -139,7 +172,7 @@ def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRe
                     found.setdefault(key, []).append(v)
                 return found
 
-        return proxy, f'{{id: s1, type: postgres, dsn: "{dsn}"}}', audited
+        return proxy, f'{{id: {sink_id}, type: postgres, dsn: "{dsn}"}}', audited
     if kind == "nats":
         server = request.getfixturevalue("nats_server")
         stream = "S" + uuid.uuid4().hex[:10]
@@ -147,7 +180,7 @@ def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRe
         if tcp_proxy is not None:
             proxy = tcp_proxy(server.port)
             url = url.replace(f":{server.port}", f":{proxy.port}")
-        return proxy, (f'{{id: s1, type: nats, url: "{url}", stream: "{stream}", '
+        return proxy, (f'{{id: {sink_id}, type: nats, url: "{url}", stream: "{stream}", '
                        f'subject: "{stream}.{{table}}"}}'), lambda: nats_values(server.url, stream)
     broker = request.getfixturevalue("noida_kafka")
     bootstrap = broker.bootstrap
@@ -155,7 +188,7 @@ def proxied_sink(kind: str, name: str, tcp_proxy: Any, request: pytest.FixtureRe
         proxy = tcp_proxy(broker.port)
         proxy.kafka = True  # its metadata names the proxy, not the broker
         bootstrap = f"127.0.0.1:{proxy.port}"
-    return proxy, (f'{{id: s1, type: kafka, brokers: "{bootstrap}", topic: "{name}.{{table}}", '
+    return proxy, (f'{{id: {sink_id}, type: kafka, brokers: "{bootstrap}", topic: "{name}.{{table}}", '
                    'exactly_once: true}'), lambda: kafka_values(broker.bootstrap, f"{name}.acct")
 
 
@@ -175,10 +208,11 @@ class Workload:
     delivered before the fault, and what the sink holds (`values`)."""
 
     pipeline: RunningPipeline
-    values: Callable[[], dict[int, list[int]]]
+    sinks: dict[str, Values]
 
     def delivered_up_to(self) -> int:
-        return reached(self.values(), KEYS)
+        """The last transaction every sink holds."""
+        return min(reached(values(), KEYS) for values in self.sinks.values())
 
     def write_first(self, conn: Any) -> None:
         """The first BEFORE transactions, waited for in the sink."""
@@ -190,8 +224,12 @@ class Workload:
         self.pipeline.wait_for(lambda: self.delivered_up_to() == t, timeout, what)
 
     def count_all_once(self, counted: Callable[..., None], outcome: str = "") -> None:
-        """Count what the sink holds for the matrix; every change once, per key in order."""
+        """Count what the sinks hold for the matrix (summed over them); in each, every
+        change once, per key in order."""
         expected = {k: list(range(TRANSACTIONS)) for k in range(KEYS)}
-        got = self.values()
-        counted(**count_values(got, expected), outcome=outcome)
-        assert got == expected, "each key's values once each, in source order"
+        got = {sink: values() for sink, values in self.sinks.items()}
+        counts = [count_values(held, expected) for held in got.values()]
+        counted(**{name: sum(c[name] for c in counts) for name in counts[0]},
+                outcome=(f"{len(got)} sinks: " if len(got) > 1 else "") + outcome)
+        for sink, held in got.items():
+            assert held == expected, f"sink {sink}: each key's values once each, in source order"

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.chaos
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.matrix(
     scenario="a network cut of 30 s on one link during a workload (capture to source, bus and "
-             "control; delivery to bus, control and each sink kind)",
+             "control; delivery to bus, control, and its links to a sink of each kind at once)",
     guarantee="no loss, no duplicate, per-key order through a cut; /ready names the cut link; no process "
               "dies; capture's memory bounded")
 def test_a_cut_link_loses_nothing_and_duplicates_nothing(

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.chaos
 @pytest.mark.parametrize("link", SLOW_LINKS)
 @pytest.mark.matrix(
     scenario="a slow thin link (150 ms each way, 20 kB/s) on one link during a workload "
-             "(capture or delivery to source, bus, control, sink)",
+             "(capture or delivery to source, bus, control; a sink of each kind at once)",
     guarantee="backpressure: slower, never lossy; no duplicate, per-key order")
 def test_a_slow_thin_link_delays_but_loses_and_repeats_nothing(
         counted: Any, link: str, pg_db: str, pg_redis_pipeline: Any, tcp_proxy: Any,
@@ -30,7 +30,7 @@ def test_a_slow_thin_link_delays_but_loses_and_repeats_nothing(
     # message.timeout.ms): a batch of 600 changes (~600 kB) does not cross 20 kB/s in time,
     # and the same batch would be retried for ever (health degraded names it). Smaller
     # batches (batch.max_events) are the way through such a link (docs/guarantees.md).
-    batch = "{max_ms: 200, max_events: 100}" if link == "sink-kafka" else "{max_ms: 200}"
+    batch = "{max_ms: 200, max_events: 100}" if link == "sinks" else "{max_ms: 200}"
     pipeline, proxy, values = wire(link, "slow", pg_db, pg_redis_pipeline, tcp_proxy, tmp_path,
                                    request, batch=batch)
     pipeline.start_all()
