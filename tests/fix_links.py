@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from tailrace.devservers import TcpProxy
 from tests.fix_matrix import count_values
 from tests.fix_pipeline import (
     RunningPipeline,
@@ -78,19 +79,19 @@ def probe(pipeline: RunningPipeline, name: str) -> str:
 Values = Callable[[], dict[int, list[int]]]  # what a sink holds: each key's values in order
 
 
+@dataclass
 class Proxies:
     """Several proxies cut, slowed and restored together."""
 
-    def __init__(self, proxies: list[Any]) -> None:
-        self.proxies = proxies
+    proxies: list[TcpProxy]
 
-    def cut(self, **kwargs: Any) -> None:
+    def cut(self) -> None:
         for proxy in self.proxies:
-            proxy.cut(**kwargs)
+            proxy.cut()
 
-    def slow(self, **kwargs: Any) -> None:
+    def slow(self, delay_s: float = 0.0, bytes_per_s: int = 0) -> None:
         for proxy in self.proxies:
-            proxy.slow(**kwargs)
+            proxy.slow(delay_s, bytes_per_s)
 
     def restore(self) -> None:
         for proxy in self.proxies:
