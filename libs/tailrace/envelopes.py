@@ -56,6 +56,7 @@ from tailrace.events import (
     Value,
     event_json,
     event_to_json_dict,
+    key_and_event_json,
     key_bytes,
     key_values,
 )
@@ -151,6 +152,12 @@ class Encoder:
             return _debezium_key_bytes(event, self.schemas)
         return key_bytes(event)
 
+    def keyed(self, event: ChangeEvent) -> tuple[bytes, bytes]:
+        """(`key`, `encode`) of one event; the native envelope serializes it once for both."""
+        if self.envelope == "native":
+            return key_and_event_json(event)
+        return self.key(event), self.encode(event)
+
     def records(self, event: ChangeEvent) -> list[Record]:
         """The keyed messages of one event, in order (see the module's docstring)."""
         if event.HasField("outbox"):  # an outbox processor's message, as the row says it
@@ -159,8 +166,8 @@ class Encoder:
                            headers=tuple((h.name, h.value) for h in box.headers))]
         if self.envelope == "debezium" and changes_key(event):
             return self._key_change(event)
-        key = self.key(event)
-        records = [Record(key, self.encode(event))]
+        key, value = self.keyed(event)
+        records = [Record(key, value)]
         if self.tombstones and event.op == Op.OP_DELETE and event.key_columns:
             records.append(Record(key, None, "tombstone"))
         return records

@@ -24,6 +24,7 @@ from tailrace.events import (
     Row,
     Value,
     event_json,
+    key_and_event_json,
     key_bytes,
 )
 from tailrace.events._codec import _py_event_json, _py_key_bytes, cjson
@@ -107,6 +108,13 @@ def same(e: ChangeEvent) -> None:
                 fast(e)
             continue
         assert fast(e) == expected, (fast.__name__, e)
+    try:  # both from one serialization: the same bytes, or what the first to fail raises
+        pair = (_py_key_bytes(e), _py_event_json(e))
+    except Exception as error:  # noqa: BLE001 - the shared path must raise the same
+        with pytest.raises(type(error)):
+            key_and_event_json(e)
+        return
+    assert key_and_event_json(e) == pair, e
 
 
 def test_the_c_json_is_built() -> None:

@@ -7,6 +7,7 @@ from tailrace.events._codec import (
     encode_event,
     event_json,
     event_to_json_dict,
+    key_and_event_json,
     key_bytes,
     key_values,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "event_to_json_dict",
     "idempotency_key",
     "json_of",
+    "key_and_event_json",
     "key_bytes",
     "key_values",
     "lsn_text",

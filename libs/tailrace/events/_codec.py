@@ -106,6 +106,18 @@ def event_json(event: ChangeEvent) -> bytes:
     return _py_event_json(event)
 
 
+def key_and_event_json(event: ChangeEvent) -> tuple[bytes, bytes]:
+    """`key_bytes` and `event_json` of one event, from one serialization of it (each alone
+    serializes the event again: a sink writing both paid it twice per event)."""
+    if cjson is not None:
+        data = event.SerializeToString()
+        key = cjson.key_json(data, _key_value_json)
+        document = cjson.event_json(data, _value_json)
+        return (key if key is not None else _py_key_bytes(event),
+                document if document is not None else _py_event_json(event))
+    return _py_key_bytes(event), _py_event_json(event)
+
+
 def _py_event_json(event: ChangeEvent) -> bytes:
     """`event_json` in Python: the reference of `_cjson.event_json` (tests/unit/test_cjson.py)."""
     return _dumps(event_to_json_dict(event)).encode()

@@ -235,17 +235,21 @@ class RedisSink(ExactlyOnceSink):
                 ) -> dict[int, tuple[str, dict[str, Any]]]:
         """(stream, fields) for `events[i]`; events that cannot be routed or encoded fail alone."""
         encoder = Encoder(self._spec.envelope)
+        # the field `key` is the native key whatever the envelope (`key_bytes`)
+        keyed = encoder.keyed if encoder.envelope == "native" else (
+            lambda e: (key_bytes(e), encoder.encode(e)))
         entries: dict[int, tuple[str, dict[str, Any]]] = {}
         failures: list[tuple[int, str]] = []
         for i in indexes:
             event = events[i]
             try:
+                key, value = keyed(event)
                 entries[i] = (destination(self._spec.stream, event), {
                     "id": event.id,
                     "op": op_name(event.op),
-                    "key": key_bytes(event),
+                    "key": key,
                     "idempotency_key": event.idempotency_key,
-                    "event": encoder.encode(event),
+                    "event": value,
                 })
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
