@@ -158,7 +158,10 @@ class Arrivals(threading.Thread):
     def _kafka(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.url, "group.id": "bench-e2e",
                              "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                             "isolation.level": "read_committed"})
+                             "isolation.level": "read_committed",
+                             # noida-db answers a fetch with the whole committed
+                             # transaction, past librdkafka's default limit (100 MB)
+                             "receive.message.max.bytes": 1_000_000_000})
         # assigned, not subscribed: the sink creates the topic at its first write, and a
         # subscription to a missing topic waits for the next metadata refresh (minutes)
         partitions: list[int] = []
