@@ -54,6 +54,7 @@ class Message:
 
 DeliveryErrors = dict[int, KafkaError]
 
+CHECKPOINT_TAIL = 256  # records read first from the checkpoint topic's end (`read_checkpoint`)
 DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
 _SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at
 
@@ -236,22 +237,39 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         probe.close()
     if not targets:
         return None
+    # The topic keeps one record a batch for each writer (compaction leaves the active
+    # segment alone), so reading it from its start would cost more with every batch: the
+    # last records are read first, then twice as far back as before, until `key` is found.
+    tail = CHECKPOINT_TAIL
+    while True:
+        froms = {p: max(starts[p], targets[p] - tail) for p in targets}
+        found, value = _last_value(common, topic, key, froms, targets, deadline, timeout_s)
+        if found or froms == starts:
+            return parse_position(value)
+        tail *= 2
+
+
+def _last_value(common: Mapping[str, Any], topic: str, key: bytes, froms: dict[int, int],
+                targets: dict[int, int], deadline: float, timeout_s: float
+                ) -> tuple[bool, bytes | None]:
+    """Whether a committed record of `key` lies between `froms` and `targets`, and the
+    value of the last one (None: a tombstone)."""
     reader = new_client(Consumer, {**common, "isolation.level": "read_committed",
                                    "enable.partition.eof": True})
-    value: bytes | None = None
+    found, value = False, None
     try:
-        # From the log start the probe saw, not OFFSET_BEGINNING: a new consumer that must
+        # From offsets the probe saw, not OFFSET_BEGINNING: a new consumer that must
         # look a logical offset up before it knows the partition's leader retries on a
         # 500 ms timer. (Moved on meanwhile, the fetch resets to the earliest offset.)
-        reader.assign([TopicPartition(topic, p, starts[p]) for p in targets])
+        reader.assign([TopicPartition(topic, p, froms[p]) for p in targets])
         while True:
             for msg in reader.consume(1000, 0.01):
                 if msg.error() is None and msg.key() == key:
-                    value = msg.value()  # the latest wins; None is a tombstone
+                    found, value = True, msg.value()  # the latest wins
             positions = reader.position([TopicPartition(topic, p) for p in targets])
             behind = [tp for tp in positions if tp.offset < targets[tp.partition]]
             if not behind:
-                return parse_position(value)
+                return found, value
             if time.monotonic() >= deadline:
                 tp = behind[0]
                 raise KafkaException(KafkaError(

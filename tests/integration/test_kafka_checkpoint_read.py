@@ -1,0 +1,69 @@
+"""The Kafka sink's stored checkpoint is read from the checkpoint topic's end, going further
+back only while its key is not found: the same answer as reading the whole topic, at a cost
+that does not grow with every batch the topic has kept."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tailrace.proto.event_pb2 import Position
+from tailrace_services.delivery.sinks import _kafka_tx
+from tailrace_services.delivery.sinks._kafka_tx import read_checkpoint
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_latest_committed_record_of_a_key_is_found_however_far_back_it_lies(
+        noida_kafka: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kafka_tx, "CHECKPOINT_TAIL", 4)  # widened several times below
+    brokers = noida_kafka.bootstrap
+    topic = f"ckpt-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": brokers})  # kept until its answer came
+    for future in admin.create_topics(
+            [NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]).values():
+        future.result(30)
+
+    def position(n: int) -> bytes:
+        return Position(tx_seq=n).SerializeToString()
+
+    plain = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
+    plain.produce(topic, position(1), b"early")  # once, at the start
+    plain.produce(topic, position(2), b"gone")
+    plain.produce(topic, None, b"gone")  # a tombstone: no checkpoint
+    for n in range(1, 301):  # a busy writer's batches
+        plain.produce(topic, position(n), b"busy")
+        if n % 50 == 0:
+            plain.produce(topic, position(n), b"now and then")
+    assert plain.flush(30) == 0
+    aborted = Producer({"bootstrap.servers": brokers, "transactional.id": f"t-{topic}"})
+    aborted.init_transactions(30)
+    aborted.begin_transaction()
+    aborted.produce(topic, position(999), b"busy")  # never committed: not a checkpoint
+    aborted.flush(30)
+    aborted.abort_transaction(30)
+
+    client = {"bootstrap.servers": brokers}
+    assigned: list[int] = []  # where each reading consumer started
+
+    class Recording(Consumer):  # type: ignore[misc]  # confluent-kafka's C type, subclassable
+        def assign(self, partitions: list[TopicPartition]) -> None:
+            assigned.extend(tp.offset for tp in partitions)
+            super().assign(partitions)
+
+    monkeypatch.setattr(_kafka_tx, "Consumer", Recording)
+
+    def read(key: bytes) -> int | None:
+        stored = read_checkpoint(client, topic, key, 30)
+        return stored.tx_seq if stored is not None else None
+
+    assert read(b"busy") == 300, "the last committed record, not the aborted one after it"
+    assert assigned and min(assigned) > 0, f"read from the topic's start: {assigned}"
+    assert read(b"now and then") == 300
+    assert read(b"early") == 1, "found at the topic's start"
+    assert read(b"gone") is None, "the latest record of the key is a tombstone"
+    assert read(b"never") is None, "a key the topic does not hold"
