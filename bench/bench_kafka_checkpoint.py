@@ -18,8 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka.admin import AdminClient, NewTopic
-
 from tailrace.devservers.noida import NoidaKafka
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.delivery.sinks._kafka_tx import Message, TransactionalWriter
@@ -28,11 +26,8 @@ from tailrace_services.delivery.sinks.base import BatchCommit
 
 def main() -> None:
     with NoidaKafka() as broker:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        for future in admin.create_topics([
-                NewTopic("t", 1, 1),
-                NewTopic("ckpt", 1, 1, config={"cleanup.policy": "compact"})]).values():
-            future.result(30)
+        broker.create_topic("t")
+        broker.create_topic("ckpt", config={"cleanup.policy": "compact"})
         client = {"bootstrap.servers": broker.bootstrap}
         producer = {**client, "linger.ms": 5}
 

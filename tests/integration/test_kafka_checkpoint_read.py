@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.delivery.sinks import _kafka_tx
@@ -23,10 +22,7 @@ def test_the_latest_committed_record_of_a_key_is_found_however_far_back_it_lies(
     monkeypatch.setattr(_kafka_tx, "CHECKPOINT_TAIL", 4)  # widened several times below
     brokers = noida_kafka.bootstrap
     topic = f"ckpt-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": brokers})  # kept until its answer came
-    for future in admin.create_topics(
-            [NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]).values():
-        future.result(30)
+    noida_kafka.create_topic(topic, config={"cleanup.policy": "compact"})
 
     def position(n: int) -> bytes:
         return Position(tx_seq=n).SerializeToString()

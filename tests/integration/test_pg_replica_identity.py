@@ -26,7 +26,6 @@ import psycopg
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition  # type: ignore[attr-defined]
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from nats.js.errors import NotFoundError
 
 from tailrace.devservers import free_port
@@ -96,12 +95,6 @@ class Ledger:
 def source_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as conn:
         return conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
-
-
-def create_topic(brokers: str, name: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": brokers})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                        operation_timeout=10)[name].result(timeout=15)
 
 
 def read_partitions(brokers: str, topic: str, partitions: int, timeout: float = 30) -> list[Any]:
@@ -228,8 +221,8 @@ def test_kafka_sink_keeps_each_row_in_one_partition_in_order_and_debezium_keys_b
     _, bus = capture(pg_db, capture_rig, "[public.ledger]", changes)
     events = [e for _, _, e in bus]
     prefix = f"f{uuid.uuid4().hex[:8]}"
-    create_topic(noida_kafka.bootstrap, f"{prefix}.native.ledger", 4)
-    create_topic(noida_kafka.bootstrap, f"{prefix}.dbz.ledger", 4)
+    noida_kafka.create_topic(f"{prefix}.native.ledger", 4)
+    noida_kafka.create_topic(f"{prefix}.dbz.ledger", 4)
     native = KafkaSink(sink_spec(id="k1", type="kafka", brokers=noida_kafka.bootstrap,
                                  topic=prefix + ".native.{table}"), timeout_s=10)
     dbz = TransactionalKafkaSink(sink_spec(id="k2", type="kafka", brokers=noida_kafka.bootstrap,
@@ -404,7 +397,7 @@ def test_full_identity_through_all_four_sinks_is_exact_with_per_key_order(
     name = f"full-{uuid.uuid4().hex[:8]}"
     prefix, stream = f"f{uuid.uuid4().hex[:8]}", f"S{uuid.uuid4().hex[:8]}"
     topic = f"{prefix}.ledger"
-    create_topic(noida_kafka.bootstrap, topic, 4)
+    noida_kafka.create_topic(topic, 4)
     control = f"127.0.0.1:{free_port()}"
     spec_path = tmp_path / f"{name}.yaml"
     service_token = write_secret(tmp_path / f"{name}.service.token", new_token())

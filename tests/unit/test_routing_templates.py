@@ -44,7 +44,7 @@ def test_a_template_naming_no_event_field_fails_as_formatting_it_does() -> None:
 
 def test_many_tables_past_what_is_kept_still_route_each_to_its_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(templates, "_KEPT_PER_TEMPLATE", 3)
+    monkeypatch.setattr(templates, "_KEPT", 3)
     names = [f"t{i}" for i in range(10)]
     for name in names * 2:
         assert templates.render("cdc.{table}", event(name)) == f"cdc.{name}"

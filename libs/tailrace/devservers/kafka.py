@@ -47,7 +47,30 @@ def tansu_binary() -> str:
         raise DevServerError(f"{_MISSING} ({exc})") from exc
 
 
-class KafkaBroker(DevServer):
+class KafkaProtocolServer(DevServer):
+    """What every throwaway Kafka-protocol broker offers: its address, an admin client,
+    topics made on demand."""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None
+    ) -> None:
+        """Create a topic and wait until the broker confirms it."""
+        topic = NewTopic(
+            name, num_partitions=partitions, replication_factor=1, config=dict(config or {})
+        )
+        admin = self._admin()  # keep it alive: a collected client cancels its futures
+        futures = admin.create_topics([topic], operation_timeout=10)
+        futures[name].result(timeout=15)
+
+
+class KafkaBroker(KafkaProtocolServer):
     """Tansu on 127.0.0.1:`port` with in-memory storage; `bootstrap` is its address."""
 
     name: ClassVar[str] = "kafka"
@@ -55,10 +78,6 @@ class KafkaBroker(DevServer):
     def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
         super().__init__(port=port, startup_timeout=startup_timeout)
         self.binary = tansu_binary()
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def _command(self) -> list[str]:
         url = f"tcp://{self.bootstrap}"
@@ -79,17 +98,3 @@ class KafkaBroker(DevServer):
             self._admin().list_topics(timeout=2)
 
         wait_until(metadata, proc=proc, log_path=log, what="tansu metadata", timeout=timeout)
-
-    def _admin(self) -> AdminClient:
-        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})
-
-    def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None
-    ) -> None:
-        """Create a topic and wait until the broker confirms it."""
-        topic = NewTopic(
-            name, num_partitions=partitions, replication_factor=1, config=dict(config or {})
-        )
-        admin = self._admin()  # keep it alive: a collected client cancels its futures
-        futures = admin.create_topics([topic], operation_timeout=10)
-        futures[name].result(timeout=15)

@@ -15,10 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
-from confluent_kafka.admin import AdminClient
-
-from tailrace.devservers._base import DevServer
 from tailrace.devservers._process import DevServerError, wait_for_port, wait_until
+from tailrace.devservers.kafka import KafkaProtocolServer
 
 __all__ = ["NoidaKafka", "noida_binary"]
 
@@ -38,7 +36,7 @@ def noida_binary() -> str:
     return str(binary)
 
 
-class NoidaKafka(DevServer):
+class NoidaKafka(KafkaProtocolServer):
     """noida-db's Kafka on 127.0.0.1:`port`; `bootstrap` is its address."""
 
     name: ClassVar[str] = "noida"
@@ -46,10 +44,6 @@ class NoidaKafka(DevServer):
     def __init__(self, *, port: int | None = None, startup_timeout: float = 30.0) -> None:
         super().__init__(port=port, startup_timeout=startup_timeout)
         self.binary = noida_binary()
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def _command(self) -> list[str]:
         assert self.dir is not None
@@ -66,7 +60,6 @@ class NoidaKafka(DevServer):
         wait_for_port(self.port, proc=proc, log_path=log, what="noida kafka", timeout=timeout)
 
         def metadata() -> None:
-            AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000}
-                        ).list_topics(timeout=2)
+            self._admin().list_topics(timeout=2)
 
         wait_until(metadata, proc=proc, log_path=log, what="noida kafka metadata", timeout=timeout)

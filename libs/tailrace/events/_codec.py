@@ -50,8 +50,13 @@ def key_values(event: ChangeEvent) -> list[Column]:
 def key_bytes(event: ChangeEvent) -> bytes:
     """The message key for sinks: the table and primary-key values as compact JSON (a table
     without a key: the table alone, so its messages still share one partition)."""
+    return _key_json(event, event.SerializeToString() if cjson is not None else b"")
+
+
+def _key_json(event: ChangeEvent, data: bytes) -> bytes:
+    """`key_bytes` from the event's serialized bytes `data` (unused without `_cjson`)."""
     if cjson is not None:  # from the event's bytes, no dict per event
-        key = cjson.key_json(event.SerializeToString(), _key_value_json)
+        key = cjson.key_json(data, _key_value_json)
         if key is not None:
             return key
     return _py_key_bytes(event)
@@ -99,8 +104,13 @@ def bus_key_of(database: str, schema: str, table: str, key_values: list[bytes]) 
 
 def event_json(event: ChangeEvent) -> bytes:
     """The native JSON envelope (`event_to_json_dict`), compact and UTF-8: what sinks write."""
+    return _event_json(event, event.SerializeToString() if cjson is not None else b"")
+
+
+def _event_json(event: ChangeEvent, data: bytes) -> bytes:
+    """`event_json` from the event's serialized bytes `data` (unused without `_cjson`)."""
     if cjson is not None:  # from the event's bytes, no dict per event
-        document = cjson.event_json(event.SerializeToString(), _value_json)
+        document = cjson.event_json(data, _value_json)
         if document is not None:
             return document
     return _py_event_json(event)
@@ -109,13 +119,8 @@ def event_json(event: ChangeEvent) -> bytes:
 def key_and_event_json(event: ChangeEvent) -> tuple[bytes, bytes]:
     """`key_bytes` and `event_json` of one event, from one serialization of it (each alone
     serializes the event again: a sink writing both paid it twice per event)."""
-    if cjson is not None:
-        data = event.SerializeToString()
-        key = cjson.key_json(data, _key_value_json)
-        document = cjson.event_json(data, _value_json)
-        return (key if key is not None else _py_key_bytes(event),
-                document if document is not None else _py_event_json(event))
-    return _py_key_bytes(event), _py_event_json(event)
+    data = event.SerializeToString() if cjson is not None else b""
+    return _key_json(event, data), _event_json(event, data)
 
 
 def _py_event_json(event: ChangeEvent) -> bytes:

@@ -7,6 +7,7 @@ tables), instead of formatting the template again for each event.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from operator import attrgetter
 from string import Formatter
@@ -15,15 +16,8 @@ from typing import Any
 from tailrace.events._codec import op_name
 from tailrace.proto.event_pb2 import ChangeEvent
 
-_FIELDS: dict[str, Callable[[ChangeEvent], str]] = {
-    "database": lambda e: e.database,
-    "schema": lambda e: e.schema,
-    "table": lambda e: e.table,
-    "op": lambda e: op_name(e.op),
-    "source_id": lambda e: e.source_id,
-    "tenant": lambda e: e.tenant,
-}
-_KEPT_PER_TEMPLATE = 4096  # texts kept per template; past it the template starts afresh
+_FIELDS = frozenset({"database", "schema", "table", "op", "source_id", "tenant"})
+_KEPT = 4096  # texts kept per template, and templates kept (a route processor's are many)
 
 
 class _Template:
@@ -47,23 +41,27 @@ class _Template:
         values = self.values(event)
         text = self.made.get(values)
         if text is None:
-            if len(self.made) >= _KEPT_PER_TEMPLATE:
+            if len(self.made) >= _KEPT:
                 self.made.clear()
             text = self.made[values] = _format(self.template, event)
         return text
 
 
-_TEMPLATES: dict[str, _Template] = {}
+@functools.lru_cache(maxsize=_KEPT)
+def _compiled(template: str) -> _Template:
+    return _Template(template)
 
 
 def render(template: str, event: ChangeEvent) -> str:
-    compiled = _TEMPLATES.get(template)
-    if compiled is None:
-        if len(_TEMPLATES) >= _KEPT_PER_TEMPLATE:  # routes made by a processor, per event
-            _TEMPLATES.clear()
-        compiled = _TEMPLATES[template] = _Template(template)
-    return compiled.render(event)
+    return _compiled(template).render(event)
 
 
 def _format(template: str, event: ChangeEvent) -> str:
-    return template.format_map({name: get(event) for name, get in _FIELDS.items()})
+    return template.format_map({
+        "database": event.database,
+        "schema": event.schema,
+        "table": event.table,
+        "op": op_name(event.op),
+        "source_id": event.source_id,
+        "tenant": event.tenant,
+    })
