@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -310,3 +312,17 @@ def test_tcp_proxy_in_front_of_kafka_advertises_itself_and_cuts_before_a_request
                 values.append(message.value())
         consumer.close()
         assert values == [b"before", b"during"]
+
+
+def test_mariadb_install_leaves_other_temp_tables_alone(
+    make_mariadb_server: Callable[..., MariaDBServer],
+) -> None:
+    # A bootstrapping mariadbd deletes every #sql* file in its tmpdir; in the shared
+    # /tmp that was a parallel install's temp table, and that install failed.
+    other = Path(tempfile.gettempdir()) / f"#sql-temptable-{uuid.uuid4().hex}.MAD"
+    other.write_bytes(b"")
+    try:
+        make_mariadb_server()
+        assert other.exists(), "mariadb-install-db deleted a temp table in the shared tmpdir"
+    finally:
+        other.unlink(missing_ok=True)

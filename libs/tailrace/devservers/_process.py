@@ -134,7 +134,19 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def _failure(what: str, log_path: Path) -> DevServerError:
-    return DevServerError(f"{what}; last lines of {log_path}:\n{log_tail(log_path)}")
+    return DevServerError(
+        f"{what}; {_error_lines(log_path)}last lines of {log_path}:\n{log_tail(log_path)}"
+    )
+
+
+def _error_lines(log_path: Path, limit: int = 10) -> str:
+    """The log's first error lines, which a tool's closing advice can push out of the tail."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if "ERROR" in line or "FATAL" in line][:limit]
+    return "errors in the log:\n" + "\n".join(errors) + "\n" if errors else ""
 
 
 def run_checked(

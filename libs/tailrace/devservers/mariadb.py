@@ -73,6 +73,9 @@ class MariaDBServer(DevServer):
                 "--no-defaults",
                 "--auth-root-authentication-method=normal",
                 f"--datadir={self.datadir}",
+                # The bootstrap server deletes every #sql* file in its tmpdir when it
+                # starts; in a shared /tmp it deletes a parallel install's temp tables.
+                f"--tmpdir={directory}",
                 "--skip-test-db",
                 "--skip-name-resolve",
                 *self._user_args,

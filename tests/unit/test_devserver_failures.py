@@ -1,0 +1,34 @@
+"""A failed preparation command's error quotes the log's error lines, not only its tail."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tailrace.devservers._process import DevServerError, run_checked
+
+
+def test_an_early_error_line_is_quoted_past_a_long_closing_advice(tmp_path: Path) -> None:
+    script = (
+        "print('starting'); print('2026-11-29 1 [ERROR] Aborting: table gone');"
+        "[print(f'advice line {i}') for i in range(40)]; raise SystemExit(1)"
+    )
+    with pytest.raises(DevServerError) as failure:
+        run_checked([sys.executable, "-c", script], log_path=tmp_path / "x.log", what="prep")
+    message = str(failure.value)
+    assert "prep failed with exit code 1" in message
+    assert "[ERROR] Aborting: table gone" in message
+    assert "advice line 39" in message
+
+
+def test_a_log_without_errors_quotes_only_its_tail(tmp_path: Path) -> None:
+    with pytest.raises(DevServerError) as failure:
+        run_checked(
+            [sys.executable, "-c", "print('quiet'); raise SystemExit(3)"],
+            log_path=tmp_path / "x.log",
+            what="prep",
+        )
+    assert "errors in the log" not in str(failure.value)
+    assert "quiet" in str(failure.value)
