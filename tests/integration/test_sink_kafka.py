@@ -149,6 +149,71 @@ def test_a_second_instance_fences_the_first_which_stops_fatally(noida_kafka: Any
     first.close()
 
 
+def test_a_writer_is_kept_for_the_workers_next_batch(noida_kafka: Any) -> None:
+    prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"
+    batches = batches_of(source_events(300), 100)
+    sink = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True)
+    sink.write(batches[0], commit(batches[0], pipeline))
+    [writer] = sink._writers.values()
+    for batch in batches[1:]:
+        sink.end_batch()  # as the executor does after each Spark batch
+        assert sink.stored_position() == writer.stored  # read again: nobody else wrote
+        sink.write(batch, commit(batch, pipeline))
+        assert list(sink._writers.values()) == [writer], "no new init_transactions"
+    sink.close()
+    got = ids(read_topics(noida_kafka.bootstrap, prefix))
+    assert sorted(got) == sorted(e.id for b in batches for e in b)
+
+
+def test_a_kept_writer_sees_the_batch_another_worker_wrote_and_is_replaced(noida_kafka: Any
+                                                                          ) -> None:
+    prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"
+    batches = batches_of(source_events(300), 100)
+    worker_a = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True)
+    worker_b = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True)
+    worker_a.write(batches[0], commit(batches[0], pipeline))
+    worker_a.end_batch()
+    worker_b.write(batches[1], commit(batches[1], pipeline))  # fences worker A's writer
+    worker_b.end_batch()
+    [kept] = worker_a._writers.values()
+    # A's next batch: the stored checkpoint is B's, not the one A kept
+    assert worker_a.stored_position() == batches[1][-1].position
+    assert kept not in worker_a._writers.values()
+    worker_a.write(batches[1], commit(batches[1], pipeline))  # a replay: skipped
+    worker_a.write(batches[2], commit(batches[2], pipeline))
+    got = ids(read_topics(noida_kafka.bootstrap, prefix))
+    assert sorted(got) == sorted(e.id for b in batches for e in b)
+    worker_a.close()
+    worker_b.close()
+
+
+def test_a_kept_writer_fenced_without_a_commit_is_retried_with_a_new_one(noida_kafka: Any
+                                                                        ) -> None:
+    prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"
+    batches = batches_of(source_events(300), 100)
+    worker_a = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True)
+    worker_b = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True)
+    worker_a.write(batches[0], commit(batches[0], pipeline))
+    worker_a.end_batch()
+    worker_b.pipeline = pipeline
+    worker_b.stored_position()  # a writer made (fencing A's), nothing written
+    worker_b.end_batch()
+    with pytest.raises(RetryableError) as caught:
+        worker_a.write(batches[1], commit(batches[1], pipeline))
+    assert "kept from an earlier batch" in str(caught.value)
+    worker_a.write(batches[1], commit(batches[1], pipeline))  # the runtime's retry
+    # B's writer is kept too, and fenced by A's new one: A's commit shows, so it is
+    # replaced before it writes
+    worker_b.write(batches[2], commit(batches[2], pipeline))
+    got = ids(read_topics(noida_kafka.bootstrap, prefix))
+    assert sorted(got) == sorted(e.id for b in batches for e in b)
+    # a writer made in this batch and fenced: another delivery process, fatal as before
+    with pytest.raises(FatalError):
+        worker_a.write(batches[2], commit(batches[2], pipeline))
+    worker_a.close()
+    worker_b.close()
+
+
 def test_too_large_messages_fail_alone_and_nothing_of_the_batch_commits(noida_kafka: Any
                                                                        ) -> None:
     prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"
