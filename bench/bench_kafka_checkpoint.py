@@ -20,7 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tailrace.devservers.noida import NoidaKafka
 from tailrace.proto.event_pb2 import Position
-from tailrace_services.delivery.sinks._kafka_tx import Message, TransactionalWriter
+from tailrace_services.delivery.sinks._kafka_tx import (
+    RECONNECT_BACKOFF_MS,
+    Message,
+    TransactionalWriter,
+)
 from tailrace_services.delivery.sinks.base import BatchCommit
 
 
@@ -28,7 +32,8 @@ def main() -> None:
     with NoidaKafka() as broker:
         broker.create_topic("t")
         broker.create_topic("ckpt", config={"cleanup.policy": "compact"})
-        client = {"bootstrap.servers": broker.bootstrap}
+        client = {"bootstrap.servers": broker.bootstrap,
+                  "reconnect.backoff.ms": RECONNECT_BACKOFF_MS}  # as the sink's
         producer = {**client, "linger.ms": 5}
 
         def writer() -> TransactionalWriter:

@@ -60,6 +60,10 @@ class Message:
 
 DeliveryErrors = dict[int, KafkaError]
 
+# librdkafka holds a new connection back for half of reconnect.backoff.ms (default 100)
+# once the bootstrap connection gives way to the broker's own, and `init_transactions`
+# waits for it: ~54 ms of every new writer (a batch's) at the default, ~14 ms at 20.
+RECONNECT_BACKOFF_MS = 20
 CHECKPOINT_TAIL = 256  # records read first from the checkpoint topic's end (`read_checkpoint`)
 DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
 _SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at

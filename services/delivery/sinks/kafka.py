@@ -63,6 +63,7 @@ from tailrace_services.delivery.sinks._kafka_errors import (
 )
 from tailrace_services.delivery.sinks._kafka_tx import (
     DOWN_S,
+    RECONNECT_BACKOFF_MS,
     BrokerReach,
     DeliveryErrors,
     Message,
@@ -123,7 +124,7 @@ class KafkaSink(Sink):
         self._client: dict[str, Any] = {  # every client's: producers, admin, checkpoint reader
             "bootstrap.servers": spec.brokers,
             "socket.connection.setup.timeout.ms": 5000,
-            "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 2000,
+            "reconnect.backoff.ms": RECONNECT_BACKOFF_MS, "reconnect.backoff.max.ms": 2000,
             "logger": kafka_logger(),  # librdkafka's lines through our logging
             **spec.client_config, **(client_config or {}),
         }
