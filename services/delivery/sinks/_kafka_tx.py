@@ -14,12 +14,6 @@ read `read_committed` up to its high watermark, so the stored checkpoint is the 
 of the last committed transaction. After any failure the producer is discarded and
 the next write starts over from there: a commit whose outcome was not seen is found
 in the checkpoint topic instead of being written twice.
-
-A writer outlives its batch in the Python worker (`kept`): Spark may run the partition's
-next batch in another worker, whose writer fences this one, so a kept writer reads the
-checkpoint again before its next batch (`still_current`; a sibling's commit shows there)
-and a fence it meets later is the sibling's, answered with a new writer (the sink's
-`write_failed`).
 """
 
 from __future__ import annotations
@@ -170,7 +164,6 @@ class TransactionalWriter:
                  transactional_id: str, checkpoint_topic: str, checkpoint_key: str,
                  timeout_s: float) -> None:
         self.transactional_id = transactional_id
-        self.client = client
         self.checkpoint_topic = checkpoint_topic
         self.checkpoint_key = checkpoint_key.encode()
         self.timeout_s = timeout_s
@@ -180,24 +173,6 @@ class TransactionalWriter:
         self.reach.wait(self._producer, self._producer.init_transactions, timeout_s)
         self.stored: Position | None = read_checkpoint(
             client, checkpoint_topic, self.checkpoint_key, timeout_s)
-        self.kept = False  # made in an earlier batch of this worker
-        self.checked = True  # `stored` read (or written) in this batch
-
-    def keep(self) -> None:
-        """The batch ended; the writer is kept for this worker's next one."""
-        self.kept, self.checked = True, False
-
-    def still_current(self) -> bool:
-        """Whether the stored checkpoint is still the one this writer last read or wrote:
-        else another writer (another worker's) committed since and has fenced this one.
-        Saves `init_transactions` (~55 ms a batch) when it is."""
-        if not self.checked:
-            now = read_checkpoint(self.client, self.checkpoint_topic, self.checkpoint_key,
-                                  self.timeout_s)
-            if now != self.stored:
-                return False
-            self.checked = True
-        return True
 
     def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
               errors: DeliveryErrors) -> None:

@@ -8,10 +8,7 @@ and the sink's checkpoint (see `_kafka_tx`), so a `read_committed` consumer sees
 event once, every batch (and thus every source transaction) atomically.
 `transactional.id` is `tailrace.{pipeline}.{sink}.{partition}`: a second delivery
 process for the same pipeline fences the first, which stops with `ProducerFencedError`
-(fatal). A writer is kept across a worker's batches; one fenced after its batch ended
-(by another Spark worker of the same delivery, most likely) is replaced once, and stops
-the pipeline only if fenced again (the control service's ownership generation is what
-stops a second delivery process: `--take-over`). `build_sink` picks the one the spec asks for.
+(fatal). `build_sink` picks the one the spec asks for.
 
 Every message: key = the row's primary key (`key_bytes`; Debezium's key document with
 `envelope: debezium`), value = the envelope, headers `tailrace-event-id`,
@@ -357,18 +354,16 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         log.info("checkpoint topic created", sink=self.id, topic=self.checkpoint_topic)
 
     def end_batch(self) -> None:
-        """The writers stay for this worker's next batch (a new one costs ~70 ms:
-        `init_transactions` and the checkpoint read). Spark may run a partition's next
-        batch in another Python worker, whose writer then fences this one: a kept writer
-        reads the checkpoint again first (`_writer`), and a fence it meets is answered by
-        a new writer (`write_failed`)."""
-        for writer in self._writers.values():
-            writer.keep()
-
-    def close(self) -> None:
+        """Spark may run this partition's next batch in another Python worker; two cached
+        producers with one transactional.id would fence each other. So a writer lives for
+        one batch: the next one starts with `init_transactions` (fencing any older one) and
+        reads the committed checkpoint again (~70 ms on the test broker)."""
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+    def close(self) -> None:
+        self.end_batch()
         super().close()
 
     # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
@@ -394,15 +389,7 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         dropped = self._writers.pop(writer_id, None)
         if dropped is not None:
             dropped.close()  # the next write starts from the committed checkpoint
-        failure = self._write_error(error, self._errors, writer_id)
-        if dropped is not None and dropped.kept and isinstance(failure, FatalError):
-            # Fenced (or its producer id lost) since an earlier batch: most likely by
-            # another worker of this delivery that ran the partition meanwhile. A new
-            # writer fences that one in turn; fenced again, it is fatal.
-            return RetryableError(f"{failure}; the writer was kept from an earlier batch of "
-                                  "this worker, so another worker may have fenced it: a new "
-                                  "one is made")
-        return failure
+        return self._write_error(error, self._errors, writer_id)
 
     def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
         """The checkpoint of the last committed transaction."""
@@ -418,10 +405,8 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         tid = self._transactional_id(partition)
         key = checkpoint_name(self.pipeline or "-", self.id, partition, sep="/", rewind=rewind)
         writer = self._writers.get(tid)
-        if writer is not None and (writer.checkpoint_key != key.encode()
-                                   or not writer.still_current()):
-            # rewound (the checkpoint of the new generation), or another worker wrote
-            self._writers.pop(tid).close()
+        if writer is not None and writer.checkpoint_key != key.encode():
+            self._writers.pop(tid).close()  # rewound: the checkpoint of the new generation
             writer = None
         if writer is None:
             writer = TransactionalWriter(self._client, self._producer_conf, tid,
