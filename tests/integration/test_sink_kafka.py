@@ -149,6 +149,23 @@ def test_a_second_instance_fences_the_first_which_stops_fatally(noida_kafka: Any
     first.close()
 
 
+def test_a_transaction_that_fills_the_local_queue_still_commits_its_checkpoint(
+        noida_kafka: Any) -> None:
+    # A source transaction goes whole into one sink write; one as large as librdkafka's
+    # local queue (queue.buffering.max.messages, 100,000 by default) left no room for the
+    # checkpoint record, the write failed every time, and the pipeline stood still. Here
+    # the queue holds 500 and linger keeps them queued until the checkpoint comes.
+    prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"
+    batch = source_events(500)
+    sink = make_sink(noida_kafka.bootstrap, prefix, exactly_once=True,
+                     client_config={"queue.buffering.max.messages": 500, "linger.ms": 500})
+    sink.write(batch, commit(batch, pipeline))
+    assert sink.stored_position() == batch[-1].position
+    sink.close()
+    got = ids(read_topics(noida_kafka.bootstrap, prefix))
+    assert sorted(got) == sorted(e.id for e in batch)
+
+
 def test_too_large_messages_fail_alone_and_nothing_of_the_batch_commits(noida_kafka: Any
                                                                        ) -> None:
     prefix, pipeline = f"t{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:6]}"

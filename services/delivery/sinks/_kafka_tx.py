@@ -141,20 +141,28 @@ def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], err
             if err is not None:
                 errors.setdefault(index, err)
 
-        while True:
-            try:
-                # a copy: produce() takes a list of (str, str | bytes | None)
-                producer.produce(msg.topic, msg.value, msg.key, headers=list(msg.headers),
-                                 on_delivery=report)
-                break
-            except BufferError:
-                if time.monotonic() >= deadline:
-                    raise KafkaException(KafkaError(
-                        KafkaError._QUEUE_FULL, "the local producer queue stayed full")) from None
-                producer.poll(0.05)
-            except KafkaException as e:
-                errors.setdefault(index, e.args[0])
-                raise
+        try:
+            # a copy: produce() takes a list of (str, str | bytes | None)
+            produce_one(producer, msg.topic, msg.value, msg.key, deadline,
+                        headers=list(msg.headers), on_delivery=report)
+        except KafkaException as e:
+            errors.setdefault(index, e.args[0])
+            raise
+
+
+def produce_one(producer: Producer, topic: str, value: bytes | None, key: bytes,
+                deadline: float, **kwargs: Any) -> None:
+    """`produce`, waiting while the local queue is full (librdkafka sends from it
+    meanwhile, also inside an open transaction) until `deadline`."""
+    while True:
+        try:
+            producer.produce(topic, value, key, **kwargs)
+            return
+        except BufferError:
+            if time.monotonic() >= deadline:
+                raise KafkaException(KafkaError(
+                    KafkaError._QUEUE_FULL, "the local producer queue stayed full")) from None
+            producer.poll(0.05)
 
 
 class TransactionalWriter:
@@ -182,9 +190,9 @@ class TransactionalWriter:
         deadline = time.monotonic() + self.timeout_s
         producer.begin_transaction()
         produce_all(producer, messages, errors, deadline)
-        if commit is not None:
-            producer.produce(self.checkpoint_topic, commit.position.SerializeToString(),
-                             self.checkpoint_key)
+        if commit is not None:  # after a batch that filled the local queue, it waits too
+            produce_one(producer, self.checkpoint_topic, commit.position.SerializeToString(),
+                        self.checkpoint_key, deadline)
         del producer  # a failure's traceback keeps this frame: let close() free the client
         self.reach.wait(self._live(), self._live().commit_transaction,
                         max(deadline - time.monotonic(), 1.0))
