@@ -51,13 +51,3 @@ def parse_position(raw: bytes | None) -> Position | None:
         return None
     return Position.FromString(bytes(raw))
 
-
-def headers(event: ChangeEvent, content_type: str) -> dict[str, str]:
-    """Metadata every message carries besides its body (Kafka and NATS headers)."""
-    return {
-        "tailrace-event-id": event.id,
-        "tailrace-idempotency-key": event.idempotency_key,
-        "tailrace-schema-version": event.schema_version,
-        "tailrace-tx-id": event.tx_id,
-        "content-type": content_type,
-    }

@@ -22,8 +22,8 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, NamedTuple
 
 from confluent_kafka import (
     Consumer,
@@ -39,8 +39,9 @@ from tailrace_services.delivery.sinks._kafka_errors import new_client
 from tailrace_services.delivery.sinks.base import BatchCommit
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
+    """A tuple: one is made per message, and a frozen dataclass took 1.5 µs to."""
+
     topic: str
     key: bytes
     value: bytes | None  # None: a tombstone
@@ -48,8 +49,8 @@ class Message:
 
     @property
     def size(self) -> int:
-        return len(self.key) + len(self.value or b"") + sum(len(k) + len(v)
-                                                            for k, v in self.headers)
+        return len(self.key) + len(self.value or b"") + sum(map(len, chain.from_iterable(
+            self.headers)))
 
 
 DeliveryErrors = dict[int, KafkaError]

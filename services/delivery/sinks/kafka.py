@@ -46,7 +46,6 @@ from tailrace_services.delivery.sinks._common import (
     checkpoint_name,
     describe,
     destination,
-    headers,
 )
 from tailrace_services.delivery.sinks._json_schema import JsonSchemaEncoder
 from tailrace_services.delivery.sinks._kafka_errors import (
@@ -94,12 +93,18 @@ def record_headers(event: ChangeEvent, record: Record, content_type: str
                    ) -> list[tuple[str, bytes]]:
     """The event's headers, told apart for a message that is not the event itself (see the
     module's docstring), plus the record's own (Debezium's key-change headers)."""
-    fields = headers(event, content_type)
+    idempotency_key = event.idempotency_key
     if record.part:
-        fields["tailrace-idempotency-key"] += f"|{record.part}"
-    if record.value is None or event.HasField("outbox"):  # none, or the application's own
-        del fields["content-type"]
-    return [(k, v.encode()) for k, v in fields.items()] + list(record.headers)
+        idempotency_key = f"{idempotency_key}|{record.part}"
+    fields = [("tailrace-event-id", event.id.encode()),
+              ("tailrace-idempotency-key", idempotency_key.encode()),
+              ("tailrace-schema-version", event.schema_version.encode()),
+              ("tailrace-tx-id", event.tx_id.encode())]
+    if record.value is not None and not event.HasField("outbox"):  # else none, or the app's
+        fields.append(("content-type", content_type.encode()))
+    if record.headers:
+        fields.extend(record.headers)
+    return fields
 
 
 class KafkaSink(Sink):
