@@ -32,3 +32,14 @@ def test_a_log_without_errors_quotes_only_its_tail(tmp_path: Path) -> None:
         )
     assert "errors in the log" not in str(failure.value)
     assert "quiet" in str(failure.value)
+
+
+def test_only_the_failed_commands_own_error_lines_are_quoted(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("2026-11-28 [ERROR] an earlier run's error\n")  # the log is appended to
+    with pytest.raises(DevServerError) as failure:
+        run_checked([sys.executable, "-c", "print('[ERROR] this one'); raise SystemExit(1)"],
+                    log_path=log, what="prep")
+    errors = str(failure.value).split("last lines of")[0]
+    assert "[ERROR] this one" in errors
+    assert "an earlier run's error" not in errors

@@ -133,16 +133,19 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(tail) if tail else f"(log {path} is empty)"
 
 
-def _failure(what: str, log_path: Path) -> DevServerError:
-    return DevServerError(
-        f"{what}; {_error_lines(log_path)}last lines of {log_path}:\n{log_tail(log_path)}"
-    )
+def _failure(what: str, log_path: Path, errors_since: int | None = None) -> DevServerError:
+    """`errors_since`: where a command's own output starts in the log; its error lines are
+    quoted too, as a tool's closing advice can push them out of the tail."""
+    errors = _error_lines(log_path, errors_since) if errors_since is not None else ""
+    return DevServerError(f"{what}; {errors}last lines of {log_path}:\n{log_tail(log_path)}")
 
 
-def _error_lines(log_path: Path, limit: int = 10) -> str:
-    """The log's first error lines, which a tool's closing advice can push out of the tail."""
+def _error_lines(log_path: Path, since: int, limit: int = 10) -> str:
+    """The first error lines the log got from byte `since` on."""
     try:
-        lines = log_path.read_text(errors="replace").splitlines()
+        with open(log_path, "rb") as log:
+            log.seek(since)
+            lines = log.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
     errors = [line for line in lines if "ERROR" in line or "FATAL" in line][:limit]
@@ -160,6 +163,7 @@ def run_checked(
 ) -> None:
     """Run a preparation command (initdb, install-db) to completion, output to the log."""
     with open(log_path, "ab") as log:
+        start = log.tell()
         try:
             result = subprocess.run(
                 [*_as_user(user), *args],
@@ -171,9 +175,10 @@ def run_checked(
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            raise _failure(f"{what} did not finish within {timeout:.0f}s", log_path) from None
+            raise _failure(f"{what} did not finish within {timeout:.0f}s", log_path,
+                           start) from None
     if result.returncode != 0:
-        raise _failure(f"{what} failed with exit code {result.returncode}", log_path)
+        raise _failure(f"{what} failed with exit code {result.returncode}", log_path, start)
 
 
 def start_process(

@@ -1,4 +1,4 @@
-"""What every sink shares: routing, replay skipping, checkpoint naming, event headers."""
+"""What every sink shares: routing, replay skipping, checkpoint naming."""
 
 from __future__ import annotations
 
@@ -50,4 +50,3 @@ def parse_position(raw: bytes | None) -> Position | None:
     if not raw:
         return None
     return Position.FromString(bytes(raw))
-
