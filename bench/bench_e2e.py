@@ -28,6 +28,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -347,6 +348,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 def running_pipeline(args: argparse.Namespace, prefix: str) -> Iterator[Running]:
     """Servers, the pipeline (three processes) and the sink's reader, warmed up: a row
     written has arrived. Everything stops on leaving."""
+    # SIGTERM unwinds as Ctrl-C does: the servers and the pipeline stop with the bench
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     work = Path(tempfile.mkdtemp(prefix=prefix))
     source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
     # The Kafka sink is exactly-once: on noida-db, which filters aborted transactions and
