@@ -252,43 +252,47 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         return None
     # The topic keeps one record a batch for each writer (compaction leaves the active
     # segment alone), so reading it from its start would cost more with every batch: the
-    # last records are read first, then twice as far back as before, until `key` is found.
-    tail = CHECKPOINT_TAIL
-    while True:
-        froms = {p: max(starts[p], targets[p] - tail) for p in targets}
-        found, value = _last_value(common, topic, key, froms, targets, deadline, timeout_s)
-        if found or froms == starts:
-            return parse_position(value)
-        tail *= 2
-
-
-def _last_value(common: Mapping[str, Any], topic: str, key: bytes, froms: dict[int, int],
-                targets: dict[int, int], deadline: float, timeout_s: float
-                ) -> tuple[bool, bytes | None]:
-    """Whether a committed record of `key` lies between `froms` and `targets`, and the
-    value of the last one (None: a tombstone)."""
+    # last records are read first, then twice as far back, each pass only what the one
+    # before did not read (the key was not there), with one reader.
     reader = new_client(Consumer, {**common, "isolation.level": "read_committed",
                                    "enable.partition.eof": True})
-    found, value = False, None
     try:
-        # From offsets the probe saw, not OFFSET_BEGINNING: a new consumer that must
-        # look a logical offset up before it knows the partition's leader retries on a
-        # 500 ms timer. (Moved on meanwhile, the fetch resets to the earliest offset.)
-        reader.assign([TopicPartition(topic, p, froms[p]) for p in targets])
+        ends, tail = targets, CHECKPOINT_TAIL
         while True:
-            for msg in reader.consume(1000, 0.01):
-                if msg.error() is None and msg.key() == key:
-                    found, value = True, msg.value()  # the latest wins
-            positions = reader.position([TopicPartition(topic, p) for p in targets])
-            behind = [tp for tp in positions if tp.offset < targets[tp.partition]]
-            if not behind:
-                return found, value
-            if time.monotonic() >= deadline:
-                tp = behind[0]
-                raise KafkaException(KafkaError(
-                    KafkaError._TIMED_OUT,
-                    f"reading checkpoint topic {topic} partition {tp.partition}: stuck at offset "
-                    f"{tp.offset} below the high watermark {targets[tp.partition]} for "
-                    f"{timeout_s:.0f} s (a transaction of another producer is still open)"))
+            froms = {p: max(starts[p], targets[p] - tail) for p in targets}
+            found, value = _last_value(reader, topic, key, froms, ends, deadline, timeout_s)
+            if found or froms == starts:
+                return parse_position(value)
+            ends, tail = froms, tail * 2
     finally:
         reader.close()
+
+
+def _last_value(reader: Consumer, topic: str, key: bytes, froms: dict[int, int],
+                ends: dict[int, int], deadline: float, timeout_s: float
+                ) -> tuple[bool, bytes | None]:
+    """Whether a committed record of `key` lies between `froms` and `ends`, and the value
+    of the last one (None: a tombstone)."""
+    parts = [p for p in ends if froms[p] < ends[p]]
+    if not parts:
+        return False, None
+    found, value = False, None
+    # From offsets the probe saw, not OFFSET_BEGINNING: a new consumer that must look a
+    # logical offset up before it knows the partition's leader retries on a 500 ms timer.
+    # (Moved on meanwhile, the fetch resets to the earliest offset.)
+    reader.assign([TopicPartition(topic, p, froms[p]) for p in parts])
+    while True:
+        for msg in reader.consume(1000, 0.01):
+            if msg.error() is None and msg.key() == key:
+                found, value = True, msg.value()  # the latest wins
+        positions = reader.position([TopicPartition(topic, p) for p in parts])
+        behind = [tp for tp in positions if tp.offset < ends[tp.partition]]
+        if not behind:
+            return found, value
+        if time.monotonic() >= deadline:
+            tp = behind[0]
+            raise KafkaException(KafkaError(
+                KafkaError._TIMED_OUT,
+                f"reading checkpoint topic {topic} partition {tp.partition}: stuck at offset "
+                f"{tp.offset} below the high watermark {ends[tp.partition]} for "
+                f"{timeout_s:.0f} s (a transaction of another producer is still open)"))

@@ -16,7 +16,6 @@ from typing import Any
 from tailrace.events._codec import op_name
 from tailrace.proto.event_pb2 import ChangeEvent
 
-_FIELDS = frozenset({"database", "schema", "table", "op", "source_id", "tenant"})
 _KEPT = 4096  # texts kept per template, and templates kept (a route processor's are many)
 
 
@@ -57,11 +56,19 @@ def render(template: str, event: ChangeEvent) -> str:
 
 
 def _format(template: str, event: ChangeEvent) -> str:
-    return template.format_map({
+    return template.format_map(_fields(event))
+
+
+def _fields(event: ChangeEvent) -> dict[str, str]:
+    """What a template may name, as it reads in the text."""
+    return {
         "database": event.database,
         "schema": event.schema,
         "table": event.table,
         "op": op_name(event.op),
         "source_id": event.source_id,
         "tenant": event.tenant,
-    })
+    }
+
+
+_FIELDS = frozenset(_fields(ChangeEvent()))
