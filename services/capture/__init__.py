@@ -7,6 +7,7 @@ names — `connection`, `reader`, `values`, `events`, `schema`, `position`, `ide
 - `lifecycle.py`  sessions, reconnects with backoff, health; the reconcile of a changed server;
 - `resume.py`     where a session resumes: the one resume rule, with its per-source hook;
 - `assembler.py`  the transaction loop: buffer -> stamp -> publish -> epoch;
+- `changes.py`    a streamed row change kept as bytes, stamped into its bus record at commit;
 - `txbuffer.py`   a whole source transaction, spilling to disk;
 - `publisher.py`  whole transactions and epoch markers to the internal topic;
 - `drift.py`      schema drift on a changed server, against the registry;

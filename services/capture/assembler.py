@@ -3,10 +3,13 @@
 A source's feed (`events.py` of each connector) yields, in source order:
 
 - `BEGIN`: a transaction starts (anything still buffered is dropped);
-- a `ChangeEvent`, or a list of them: changes of the open transaction, not yet stamped;
-- a `Commit`: the transaction committed. `stamp(event, index, size)` fills the
-  transaction fields (id, position, `tx_index/tx_size/tx_end`, idempotency key),
-  `position` is where the transaction ends, `commit_ts_us` its source commit time;
+- a `Change` (`changes.py`), a `ChangeEvent`, or a list of them: changes of the open
+  transaction, not yet stamped — row changes as bytes, the rare rest (TRUNCATE, DDL) as
+  events;
+- a `Commit`: the transaction committed. `records` stamps its `Change`s into bus records,
+  `stamp(event, index, size)` its events: both fill the transaction fields (id,
+  position, `tx_index/tx_size/tx_end`, idempotency key); `position` is where the
+  transaction ends, `commit_ts_us` its source commit time;
 - `IDLE`: nothing new right now (a server heartbeat, a read timeout);
   a `Commit` with `advances` (a source heartbeat's transaction, with no event) publishes
   nothing but lets the next epoch close at that position, so the sinks' checkpoints, and
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -48,17 +51,23 @@ from typing import Self
 from tailrace.config import PipelineSpec
 from tailrace.control_client import ControlClient
 from tailrace.errors import SourceLostError
+from tailrace.events import bus_key, encode_event
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Position
+from tailrace_services.capture.changes import Change, ChangeStamp
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.publisher import BusPublisher
 from tailrace_services.capture.resume import ResumeRule
 from tailrace_services.capture.txbuffer import TransactionBuffer
 
-__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Commit", "FeedItem", "Idle", "Prepared",
-           "Stamp"]
+__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Change", "Commit", "FeedItem", "Idle",
+           "Prepared", "Stamp", "transaction_records"]
 
 log = get_logger(__name__)
+
+_CHANGES = (Change, ChangeEvent)  # what a feed yields per change
+
+RUN = 512  # changes stamped per C call: a spilled transaction is streamed, never held whole
 
 Stamp = Callable[[ChangeEvent, int, int], ChangeEvent]
 """(event, index, size) -> the event with its transaction fields filled."""
@@ -85,6 +94,7 @@ class Commit:
     # a transaction without events whose position an epoch may still close at (the
     # source's heartbeat), as an event's: where its last change is
     advances: Position | None = None
+    records: ChangeStamp | None = None  # for its `Change`s (a feed that yields them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +108,36 @@ class Prepared:
     tx_id: str = ""
 
 
-FeedItem = Begin | ChangeEvent | list[ChangeEvent] | Commit | Idle | Prepared
+FeedItem = Begin | Change | ChangeEvent | list[Change] | list[ChangeEvent] | Commit | Idle | Prepared
+
+
+def transaction_records(items: Iterable[Change | ChangeEvent], commit: Commit, size: int
+                        ) -> Iterator[tuple[bytes, bytes]]:
+    """A committed transaction's `size` items as bus records, in order: its changes in runs
+    of at most RUN by `commit.records`, its events one by one by `commit.stamp`."""
+    run: list[Change] = []
+    for index, item in enumerate(items):
+        if isinstance(item, Change):
+            run.append(item)
+            if len(run) == RUN:
+                yield from _stamped(commit, run, index + 1 - RUN, size)
+                run = []
+            continue
+        if run:
+            yield from _stamped(commit, run, index - len(run), size)
+            run = []
+        event = commit.stamp(item, index, size)
+        yield bus_key(event), encode_event(event)
+    if run:
+        yield from _stamped(commit, run, size - len(run), size)
+
+
+def _stamped(commit: Commit, run: list[Change], first: int, size: int
+             ) -> list[tuple[bytes, bytes]]:
+    if commit.records is None:
+        raise TypeError("a capture feed yielded a Change, but its Commit has no `records` "
+                        "to stamp it")
+    return commit.records.records(run, first, size)
 
 
 class Assembler:
@@ -122,7 +161,7 @@ class Assembler:
         buffer = self.buffer
         append = buffer.append
         for item in feed:
-            if isinstance(item, ChangeEvent):
+            if isinstance(item, _CHANGES):
                 append(item)
             elif isinstance(item, list):
                 for event in item:
@@ -148,9 +187,8 @@ class Assembler:
             if buffer.spilled_bytes:
                 log.info("large transaction spilled to disk", tx_id=commit.tx_id, events=size,
                          spilled_bytes=buffer.spilled_bytes)
-            stamp = commit.stamp
             sent = publisher.bytes_published
-            publisher.publish_transaction(stamp(event, i, size) for i, event in enumerate(buffer))
+            publisher.publish_records(transaction_records(buffer, commit, size))
             metrics.events.inc(size)
             metrics.transactions.inc()
             metrics.event_bytes.inc(publisher.bytes_published - sent)

@@ -7,7 +7,7 @@ The parts, with the same names and meanings as in capture-postgres:
 - `reader.py`     the binlog protocol: the library's reader with its faults fixed, as
                   transactions;
 - `values.py`     binlog column values -> typed values;
-- `events.py`     decoded changes -> `ChangeEvent`s, fed transaction by transaction to the
+- `events.py`     decoded changes -> `Change`s, fed transaction by transaction to the
                   shared assembler; statement-based changes refused, DDL events;
 - `schema.py`     table shapes and fingerprints (table maps, the catalog), registration;
 - `position.py`   the checkpointed position <-> the bus `Position`, where a session starts,

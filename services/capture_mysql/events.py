@@ -1,4 +1,4 @@
-"""Decoded binlog changes -> `ChangeEvent`s, transaction by transaction, for the assembler.
+"""Decoded binlog changes -> `Change`s, transaction by transaction, for the assembler.
 
 `ChangeFeed` reads one binlog session (`reader.py`) and yields what the shared
 assembler (`tailrace_services.capture.assembler`) buffers and publishes: BEGIN, the
@@ -44,10 +44,10 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 from tailrace.errors import PositionLostError
 from tailrace.events import ChangeEvent, EventIds, Op, Position, idempotency_key
 from tailrace.events import event_id as make_event_id
-from tailrace.events._wire import length_prefixed
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import MysqlPosition
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
+from tailrace_services.capture.changes import Change, ChangeStamp, ChangeTemplate
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import Watermark
 from tailrace_services.capture_mysql.connection import ConnectionSettings, connect
@@ -75,25 +75,24 @@ class EventFactory:
     def __init__(self, source_id: str, tenant: str) -> None:
         self.source_id = source_id
         self.tenant = tenant
-        # per (table shape, schema sequence, op): the event's fields but its rows, serialized
-        self._templates: dict[tuple[int, int, int], tuple[TableShape, bytes]] = {}
+        # per (table shape, schema sequence, op): what its changes share
+        self._templates: dict[tuple[int, int, int], tuple[TableShape, ChangeTemplate]] = {}
 
     def change(self, shape: TableShape, sequence: int, op: Op, before: bytes, after: bytes
-               ) -> ChangeEvent:
-        """An event from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row): the
-        fields all of a table's events share are serialized once, and the event is parsed
-        in one call — a fifth of building it field by field."""
+               ) -> Change:
+        """A change from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row), kept
+        as bytes until its commit (`capture/changes.py`): the fields all of a table's
+        events share are serialized once."""
         cached = self._templates.get((id(shape), sequence, op))
         if cached is None or cached[0] is not shape:
             if len(self._templates) > 10_000:
                 self._templates.clear()
-            template = ChangeEvent(
+            template = ChangeTemplate.of(ChangeEvent(
                 source_id=self.source_id, tenant=self.tenant, database=shape.database,
                 table=shape.table, op=op, key_columns=shape.key_columns,
-                schema_version=shape.fingerprint, schema_sequence=sequence).SerializeToString()
+                schema_version=shape.fingerprint, schema_sequence=sequence))
             cached = self._templates[(id(shape), sequence, op)] = (shape, template)
-        return ChangeEvent.FromString(
-            cached[1] + length_prefixed(8, before) + length_prefixed(9, after))
+        return cached[1].change(b"", before, after)
 
     def ddl(self, database: str, table: str, query: str, shape: TableShape | None,
             sequence: int) -> ChangeEvent:
@@ -209,8 +208,11 @@ class ChangeFeed:
             return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
                                  native=native, captured_us=captured_us, ids=ids[0])
 
+        records = ChangeStamp(factory.source_id, position.gtid, native, position.gtid,
+                              commit_ts * 1_000_000, captured_us)
         return Commit(stamp, native, commit_ts * 1_000_000, position.gtid,
-                      native if self.heartbeats else None)  # used if it has no event
+                      native if self.heartbeats else None,  # used if it has no event
+                      records)
 
     @staticmethod
     def _next(position: CapturePosition, begin: TxBegin | None) -> Position:
@@ -219,7 +221,7 @@ class ChangeFeed:
         return Position(tx_seq=position.tx_seq + 1, mysql=MysqlPosition(gtid=gtid))
 
     def _rows(self, item: RowChange, position: CapturePosition, begin: TxBegin | None
-              ) -> list[ChangeEvent]:
+              ) -> list[Change]:
         event = item.event
         self.metrics.log_bytes.inc(event.event_size)
         if not self.tables.matches(event.schema, event.table):

@@ -7,7 +7,7 @@ The parts, with the same names and meanings as in capture-mysql:
                   server (`ServerFacts`: the slot, the timeline history);
 - `reader.py`     the log protocol: the pgoutput parser;
 - `values.py`     pgoutput column text -> typed values;
-- `events.py`     decoded changes -> `ChangeEvent`s (before-images, unchanged TOAST, ids),
+- `events.py`     decoded changes -> `Change`s (before-images, unchanged TOAST, ids),
                   fed transaction by transaction to the shared assembler;
 - `schema.py`     table shapes and fingerprints (Relation messages, the catalog),
                   registration and drift, and each table's key;

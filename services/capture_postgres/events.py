@@ -1,4 +1,4 @@
-"""Decoded pgoutput changes -> `ChangeEvent`s, transaction by transaction, for the assembler.
+"""Decoded pgoutput changes -> `Change`s, transaction by transaction, for the assembler.
 
 `ChangeFeed` reads one replication session and yields what the shared assembler
 (`tailrace_services.capture.assembler`) buffers and publishes: BEGIN, the events of
@@ -45,8 +45,9 @@ from tailrace.events import (
     idempotency_key,
 )
 from tailrace.events import event_id as make_event_id
-from tailrace.events._wire import length_prefixed, row_bytes, varint
+from tailrace.events._wire import row_bytes, varint
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
+from tailrace_services.capture.changes import Change, ChangeStamp, ChangeTemplate
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
 from tailrace_services.capture_postgres.connection import ReplicationConnection, lsn_to_str
@@ -102,6 +103,9 @@ def encoded_row(relation: Relation, values: list[bytes], only: set[str] | None =
     return row_bytes([p for p, _ in kept], [v for _, v in kept])
 
 
+_POSTGRES = Position.DESCRIPTOR.fields_by_name["postgres"].number
+
+
 class EventFactory:
     """Builds the events of one transaction; ids and positions stamped when the commit is known."""
 
@@ -113,9 +117,9 @@ class EventFactory:
         self.timelines = timelines
         self.key_of = key_of
         self._keys: dict[int, tuple[Relation, list[str], set[str]]] = {}
-        # per (relation oid, op): (relation, schema, keys, the event's shared fields serialized)
+        # per (relation oid, op): (relation, schema, keys, its changes' template)
         self._templates: dict[tuple[int, int], tuple[Relation, tuple[str, int], list[str],
-                                                     bytes]] = {}
+                                                     ChangeTemplate]] = {}
 
     def _key_columns(self, relation: Relation) -> tuple[list[str], set[str]]:
         cached = self._keys.get(relation.oid)
@@ -126,10 +130,10 @@ class EventFactory:
         return cached[1], cached[2]
 
     def from_change(self, msg: Insert | Update | Delete, event_lsn: int,
-                    schema: tuple[str, int]) -> ChangeEvent:
-        """The event parsed in one call: the fields all of a relation's events share,
-        serialized once (`_template`), then its position and rows (a fifth of the cost of
-        setting them field by field). A row is there exactly when it was filled."""
+                    schema: tuple[str, int]) -> Change:
+        """The change as bytes (`capture/changes.py`): the fields all of a relation's
+        events share, serialized once (`_template`), its own position fields, rows and bus
+        key. A row is there exactly when it was filled."""
         rel = msg.relation
         keys, key_set = self._key_columns(rel)
         before: bytes | None = None
@@ -146,23 +150,19 @@ class EventFactory:
         else:
             op, before = _DELETE, self._before(rel, msg.old, None, msg.old_is_key_only,
                                                key_set)
-        postgres = (b"\x10" + varint(event_lsn) if event_lsn else b"") + \
+        at = (b"\x10" + varint(event_lsn) if event_lsn else b"") + \
             (b"\x18" + varint(timeline) if (timeline := self.timelines.of(event_lsn)) else b"")
-        return ChangeEvent.FromString(b"".join((
-            self._template(rel, op, schema, keys),
-            length_prefixed(16, length_prefixed(3, postgres)),  # position.postgres
-            length_prefixed(8, before) if before is not None else b"",
-            length_prefixed(9, after) if after is not None else b"")))
+        return self._template(rel, op, schema, keys).change(at, before, after)
 
     def _template(self, relation: Relation, op: Op, schema: tuple[str, int], keys: list[str]
-                  ) -> bytes:
+                  ) -> ChangeTemplate:
         cached = self._templates.get((relation.oid, op))
         if cached is None or cached[0] is not relation or cached[1] != schema or \
                 cached[2] is not keys:
-            template = ChangeEvent(
+            template = ChangeTemplate.of(ChangeEvent(
                 source_id=self.source_id, tenant=self.tenant, database=self.database,
                 schema=relation.namespace, table=relation.name, op=op, key_columns=keys,
-                schema_version=schema[0], schema_sequence=schema[1]).SerializeToString()
+                schema_version=schema[0], schema_sequence=schema[1]), _POSTGRES)
             cached = self._templates[(relation.oid, op)] = (relation, schema, keys, template)
         return cached[3]
 
@@ -317,6 +317,11 @@ class ChangeFeed:
         factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
         timeline = factory.timelines.of(commit.commit_lsn)
         tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
+        # what `factory.stamp` sets, for the changes (their own LSN and timeline they hold)
+        records = ChangeStamp(factory.source_id, str(xid), Position(
+            tx_seq=tx_seq, postgres=PostgresPosition(commit_lsn=end_lsn, xid=xid,
+                                                     commit_ts_us=ts)),
+            f"{tx_seq:X}", ts, time.time_ns() // 1000)
 
         ids: list[EventIds] = []  # made at the first event, when the size is known
 
@@ -333,7 +338,7 @@ class ChangeFeed:
             advances = Position()
             advances.CopyFrom(position)
             advances.postgres.event_lsn = heartbeat
-        return Commit(stamp, position, ts, str(xid), advances)
+        return Commit(stamp, position, ts, str(xid), advances, records)
 
     def _watermark(self, msg: LogicalMessage) -> Watermark | None:
         """A snapshot watermark; a read transaction placed at it ends one byte after the

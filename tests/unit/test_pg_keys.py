@@ -105,11 +105,11 @@ def values(row: object) -> dict[str, object]:
 def test_full_update_keeps_the_whole_before_image_keys_by_the_pk_and_fills_toast() -> None:
     rel = relation("f", ALL)
     event = factory(["id"]).from_change(
-        update_msg(rel, [5, "old", BIG], False, [5, "new", UNCHANGED_TOAST]), 100, ("fp", 1))
+        update_msg(rel, [5, "old", BIG], False, [5, "new", UNCHANGED_TOAST]), 100, ("fp", 1)).event()
     assert list(event.key_columns) == ["id"]
     assert values(event.before) == {"id": 5, "note": "old", "big": BIG}
     assert values(event.after) == {"id": 5, "note": "new", "big": BIG}
-    delete = factory(["id"]).from_change(delete_msg(rel, [5, None, BIG], False), 101, ("fp", 1))
+    delete = factory(["id"]).from_change(delete_msg(rel, [5, None, BIG], False), 101, ("fp", 1)).event()
     assert list(delete.key_columns) == ["id"]
     assert values(delete.before) == {"id": 5, "note": None, "big": BIG}
 
@@ -117,7 +117,7 @@ def test_full_update_keeps_the_whole_before_image_keys_by_the_pk_and_fills_toast
 def test_default_update_without_old_row_keeps_the_toast_marker() -> None:
     rel = relation("d")
     event = factory([]).from_change(update_msg(rel, None, False, [5, "new", UNCHANGED_TOAST]), 100,
-                                    ("fp", 1))
+                                    ("fp", 1)).event()
     assert values(event.before) == {"id": 5}
     assert values(event.after) == {"id": 5, "note": "new", "big": "TOAST"}
 
@@ -129,10 +129,10 @@ def stamped(event: ChangeEvent) -> ChangeEvent:
 
 def test_every_version_of_a_full_row_has_one_key() -> None:
     rel, f = relation("f", ALL), factory(["id"])
-    versions = [f.from_change(insert_msg(rel, [5, "v0", BIG]), 1, ("fp", 1))]
+    versions = [f.from_change(insert_msg(rel, [5, "v0", BIG]), 1, ("fp", 1)).event()]
     versions += [f.from_change(update_msg(rel, [5, f"v{i}", BIG], False, [5, f"v{i + 1}", BIG]),
-                               2 + i, ("fp", 1)) for i in range(3)]
-    versions.append(f.from_change(delete_msg(rel, [5, "v3", BIG], False), 9, ("fp", 1)))
+                               2 + i, ("fp", 1)).event() for i in range(3)]
+    versions.append(f.from_change(delete_msg(rel, [5, "v3", BIG], False), 9, ("fp", 1)).event())
     assert {key_bytes(e) for e in versions} == {b'{"pk":{"id":5},"table":"shop.public.t"}'}
     assert len({bus_key(e) for e in versions}) == 1
     assert len({Encoder("debezium").key(stamped(e)) for e in versions}) == 1
@@ -141,7 +141,7 @@ def test_every_version_of_a_full_row_has_one_key() -> None:
 def test_debezium_key_and_value_schema_under_full() -> None:
     rel = relation("f", ALL)
     event = stamped(factory(["id"]).from_change(
-        update_msg(rel, [5, None, BIG], False, [5, None, UNCHANGED_TOAST]), 100, ("fp", 1)))
+        update_msg(rel, [5, None, BIG], False, [5, None, UNCHANGED_TOAST]), 100, ("fp", 1)).event())
     key = debezium_key(event)
     assert key == {"schema": {"type": "struct", "optional": False,
                               "name": "src.shop.public.t.Key",
@@ -158,9 +158,9 @@ def test_debezium_key_and_value_schema_under_full() -> None:
 def test_a_table_without_a_key_is_keyed_by_its_name_and_refused_by_the_postgres_sink() -> None:
     rel = relation("f", ALL)
     f = factory([])
-    insert = f.from_change(insert_msg(rel, [5, "a", "b"]), 1, ("fp", 1))
-    update = f.from_change(update_msg(rel, [5, "a", "b"], False, [5, "c", "b"]), 2, ("fp", 1))
-    delete = f.from_change(delete_msg(rel, [6, "a", "b"], False), 3, ("fp", 1))
+    insert = f.from_change(insert_msg(rel, [5, "a", "b"]), 1, ("fp", 1)).event()
+    update = f.from_change(update_msg(rel, [5, "a", "b"], False, [5, "c", "b"]), 2, ("fp", 1)).event()
+    delete = f.from_change(delete_msg(rel, [6, "a", "b"], False), 3, ("fp", 1)).event()
     assert not insert.key_columns and not update.key_columns
     assert values(update.before) == {"id": 5, "note": "a", "big": "b"}  # still whole
     assert key_bytes(insert) == key_bytes(delete) == b'{"pk":{},"table":"shop.public.t"}'
@@ -205,7 +205,7 @@ def test_an_event_parsed_from_its_template_equals_one_built_field_by_field(ident
                     update_msg(rel, [4, None, None], True, [5, "n", "b"]),
                     update_msg(rel, [5, "o", BIG], False, [5, "n", UNCHANGED_TOAST]),
                     delete_msg(rel, [5, None, None], True), delete_msg(rel, [5, "o", BIG], False)):
-            built = f.from_change(msg, lsn, ("fp", 1))
+            built = f.from_change(msg, lsn, ("fp", 1)).event()
             expected = _field_by_field(f, msg, lsn)
             assert built == expected, msg
             assert built.SerializeToString() == expected.SerializeToString(), msg

@@ -10,6 +10,7 @@ from tailrace.events._codec import (
     key_and_event_json,
     key_bytes,
     key_values,
+    rows_bus_key,
 )
 from tailrace.events._ids import EventIds, event_id, event_ids, idempotency_key
 from tailrace.events._positions import lsn_text, native_position, position_key
@@ -55,5 +56,6 @@ __all__ = [
     "native_position",
     "position_key",
     "python_of",
+    "rows_bus_key",
     "value_of",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from tailrace.events._values import json_of
@@ -80,12 +81,32 @@ def bus_key(event: ChangeEvent) -> bytes:
     return _py_bus_key(event)
 
 
+def rows_bus_key(head: bytes, op: int, before: bytes | None, after: bytes | None,
+                 key_columns: Sequence[str]) -> bytes:
+    """`bus_key` of an event from its parts: `head` is `{database}.{schema}.{table}`
+    encoded, the rows serialized (None: no row). For a feed that keeps its changes as
+    bytes (`tailrace_services.capture.changes`)."""
+    row = after if op in _AFTER_FIRST else before
+    if not row:
+        row = after or before or b""
+    if cwire is not None:
+        key = cwire.row_key(head, row, key_columns)
+        if key is not None:
+            return key
+    return _py_row_key(head, Row.FromString(row), key_columns)
+
+
 def _py_bus_key(event: ChangeEvent) -> bytes:
     """`bus_key` in Python: the reference of `_cwire.row_key` (tests/unit/test_wire.py)."""
-    keys = event.key_columns
-    return bus_key_of(event.database, event.schema, event.table,
-                      [c.value.SerializeToString() for c in _key_row(event).columns
-                       if c.name in keys])
+    return _py_row_key(f"{event.database}.{event.schema}.{event.table}".encode(),
+                       _key_row(event), event.key_columns)
+
+
+def _py_row_key(head: bytes, row: Row, key_columns: Sequence[str]) -> bytes:
+    """`head` and the serialized values of the row's key columns, in the row's order."""
+    keys = set(key_columns)
+    return b"\x00".join([head, *(c.value.SerializeToString() for c in row.columns
+                                 if c.name in keys)])
 
 
 _AFTER_FIRST = (Op.OP_INSERT, Op.OP_SNAPSHOT_READ)  # keyed by the new row; the rest by the old

@@ -637,6 +637,107 @@ done:
     return out;
 }
 
+/* -- A streamed transaction's changes at its commit (capture/changes.py) ---------------- */
+
+/* change_records(head, position, source_field, source_tx, idem_tx, eids, first, size,
+ * changes) -> [(key, record)]: each `Change` (template, ident, source_field, at, rows,
+ * key) stamped as event `first + i` of a transaction of `size` events. `head`: the
+ * transaction's own event fields; `position`: the Position's fields but event_index and
+ * the source's (`source_field`: its field number, `source_tx` its transaction-wide part,
+ * the change's `at` the rest). The reference is changes.py `_py_change_records`. */
+static PyObject *py_change_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyLong_Check(args[2]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "change_records(head: bytes, position: bytes, "
+                        "source_field: int, source_tx: bytes, idem_tx: bytes, eids, first, size, changes)");
+        return NULL;
+    }
+    PyObject *head = args[0], *position = args[1], *source_tx = args[3], *idem_tx = args[4];
+    long source_field = PyLong_AsLong(args[2]);
+    Py_ssize_t first = PyLong_AsSsize_t(args[6]), size = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (source_field < 1 || source_field > 15 || first < 0) {
+        PyErr_SetString(PyExc_ValueError, "change_records: source_field is 1..15, first >= 0");
+        return NULL;
+    }
+    PyObject *eids = PySequence_Fast(args[5], "eids must be a sequence");
+    if (eids == NULL) return NULL;
+    PyObject *changes = PySequence_Fast(args[8], "changes must be a sequence");
+    if (changes == NULL) { Py_DECREF(eids); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(changes);
+    PyObject *out = NULL;
+    Buf body = {0}, where = {0}, inner = {0}, record = {0};
+    if (PySequence_Fast_GET_SIZE(eids) != n || first + n > size) {
+        PyErr_SetString(PyExc_ValueError, "change_records: eids and changes differ in length, "
+                        "or the changes go past the transaction's size");
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *change = PySequence_Fast_GET_ITEM(changes, i);
+        if (!PyTuple_Check(change) || PyTuple_GET_SIZE(change) != 6) {
+            PyErr_SetString(PyExc_TypeError, "change_records: changes are Change tuples");
+            goto fail;
+        }
+        const char *template, *ident, *at, *rows, *eid;
+        Py_ssize_t template_n, ident_n, at_n, rows_n, eid_n;
+        PyObject *key = PyTuple_GET_ITEM(change, 5);
+        if (bytes_of(PyTuple_GET_ITEM(change, 0), &template, &template_n) < 0 ||
+            bytes_of(PyTuple_GET_ITEM(change, 1), &ident, &ident_n) < 0 ||
+            bytes_of(PyTuple_GET_ITEM(change, 3), &at, &at_n) < 0 ||
+            bytes_of(PyTuple_GET_ITEM(change, 4), &rows, &rows_n) < 0 ||
+            bytes_of(PySequence_Fast_GET_ITEM(eids, i), &eid, &eid_n) < 0 || !PyBytes_Check(key))
+            goto fail;
+        uint64_t index = (uint64_t)(first + i);
+        int ending = first + i == size - 1;
+        body.size = 0;
+        if (buf_put(&body, template, template_n) < 0 ||
+            buf_put(&body, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 ||
+            buf_field(&body, 1, eid, eid_n) < 0)  /* id */
+            goto fail;
+        if (index && (buf_put(&body, "\x68", 1) < 0 || buf_varint(&body, index) < 0))
+            goto fail;  /* tx_index (13) */
+        if (ending && buf_put(&body, "\x78\x01", 2) < 0) goto fail;  /* tx_end (15) */
+        where.size = 0;  /* position (16) */
+        if (buf_put(&where, PyBytes_AS_STRING(position), PyBytes_GET_SIZE(position)) < 0) goto fail;
+        if (index && (buf_put(&where, "\x10", 1) < 0 || buf_varint(&where, index) < 0))
+            goto fail;  /* event_index (2) */
+        inner.size = 0;
+        if (buf_put(&inner, PyBytes_AS_STRING(source_tx), PyBytes_GET_SIZE(source_tx)) < 0 ||
+            buf_put(&inner, at, at_n) < 0 ||
+            buf_field(&where, (uint32_t)source_field, inner.data ? inner.data : "", inner.size) < 0 ||
+            buf_field(&body, 16, where.data, where.size) < 0)
+            goto fail;
+        inner.size = 0;  /* idempotency_key (21) */
+        if (buf_put(&inner, ident, ident_n) < 0 ||
+            buf_put(&inner, PyBytes_AS_STRING(idem_tx), PyBytes_GET_SIZE(idem_tx)) < 0 ||
+            buf_put(&inner, eid, eid_n) < 0 || buf_field(&body, 21, inner.data, inner.size) < 0 ||
+            buf_put(&body, rows, rows_n) < 0)  /* before (8), after (9) */
+            goto fail;
+        record.size = 0;  /* BusRecord.event (1) */
+        if (buf_field(&record, 1, body.data, body.size) < 0) goto fail;
+        PyObject *encoded = buf_bytes(&record);
+        if (encoded == NULL) goto fail;
+        PyObject *item = PyTuple_Pack(2, key, encoded);
+        Py_DECREF(encoded);
+        if (item == NULL) goto fail;
+        PyList_SET_ITEM(out, i, item);
+    }
+    goto done;
+fail:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "change_records: a Change holds bytes");
+    Py_CLEAR(out);
+done:
+    buf_free(&body);
+    buf_free(&where);
+    buf_free(&inner);
+    buf_free(&record);
+    Py_DECREF(eids);
+    Py_DECREF(changes);
+    return out;
+}
+
 /* -- Event ids (tailrace/events/_ids.py `event_id`) ------------------------------------ */
 
 /* SHA-256 (FIPS 180-4), for the few dozen bytes an event id hashes. */
@@ -801,6 +902,7 @@ static PyMethodDef methods[] = {
     {"chunk_rows", (PyCFunction)(void (*)(void))py_chunk_rows, METH_FASTCALL, NULL},
     {"pg_tuple", (PyCFunction)(void (*)(void))py_pg_tuple, METH_FASTCALL, NULL},
     {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_FASTCALL, NULL},
+    {"change_records", (PyCFunction)(void (*)(void))py_change_records, METH_FASTCALL, NULL},
     {"event_ids", (PyCFunction)(void (*)(void))py_event_ids, METH_FASTCALL, NULL},
     {"row_key", (PyCFunction)(void (*)(void))py_row_key, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tailrace.events import event_id, idempotency_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Op, Position
-from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
+from tailrace_services.capture.assembler import BEGIN, Change, Commit, FeedItem
 from tailrace_services.capture.snapshot.chunks import (
     ChunkRows,
     Key,
@@ -26,6 +26,8 @@ from tailrace_services.capture.snapshot.records import read_transaction
 __all__ = ["Chunk", "SnapshotMerger"]
 
 log = get_logger(__name__)
+
+_CHANGES = (Change, ChangeEvent)  # what a feed yields per change
 
 # the commits a table's recording looks back on (`_start_recording`): at most this many,
 # streamed at most this long ago (older ids could wrap around and look new)
@@ -140,7 +142,7 @@ class SnapshotMerger:
         for item in feed:
             if self._starting:
                 joined_midway += self._start_recording(in_transaction)
-            if isinstance(item, ChangeEvent):
+            if isinstance(item, _CHANGES):
                 if self._recorded:
                     self._note(tx_keys, item)
                 yield item
@@ -193,7 +195,8 @@ class SnapshotMerger:
                 if unrecorded is not None:
                     unrecorded.add(tx_id)
 
-    def _note(self, tx_keys: dict[str, set[Key]], event: ChangeEvent) -> None:
+    def _note(self, tx_keys: dict[str, set[Key]], item: Change | ChangeEvent) -> None:
+        event = item.event() if isinstance(item, Change) else item
         table = table_of(event)
         columns = self._keys.get(table)
         if columns is None:

@@ -1,0 +1,166 @@
+"""Streamed changes kept as bytes and stamped at their commit (`capture/changes.py`): each
+record equals what stamping the change as an event gives, in C and in Python."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailrace.events import ChangeEvent, Op, bus_key, decode_record, encode_event
+from tailrace.events._wire import cwire
+from tailrace.proto.event_pb2 import BusRecord
+from tailrace_services.capture import changes
+from tailrace_services.capture.assembler import RUN, Commit, transaction_records
+from tailrace_services.capture.changes import Change, ChangeStamp, _py_change_records
+from tailrace_services.capture.txbuffer import TransactionBuffer
+from tailrace_services.capture_mysql.events import EventFactory as MysqlFactory
+from tailrace_services.capture_mysql.position import CapturePosition
+from tailrace_services.capture_mysql.schema import shape_from_table_map
+from tailrace_services.capture_mysql.values import RowDecoder
+from tailrace_services.capture_postgres.events import EventFactory as PgFactory
+from tailrace_services.capture_postgres.position import Timelines
+from tailrace_services.capture_postgres.schema import choose_key
+from tests.unit.test_mysql_values import COLUMNS, HINTS
+from tests.unit.test_pg_keys import ALL, BIG, delete_msg, insert_msg, relation, update_msg
+
+XID, TX_SEQ, END_LSN, TS_US = 9, 0x1_0000_0200, 0x200, 1_795_000_000_123_456
+
+
+def pg_factory() -> PgFactory:
+    return PgFactory("src", "acme", "shop", Timelines(1), lambda rel: choose_key(rel, ["id"]))
+
+
+def pg_changes(factory: PgFactory) -> list[Change]:
+    """Every kind of row change, under FULL and DEFAULT, at small and large LSNs."""
+    out: list[Change] = []
+    for identity in ("d", "f"):
+        rel = relation(identity, ALL if identity == "f" else (True, False, False))
+        for lsn in (0, 100, 2**40):
+            for msg in (insert_msg(rel, [5, "a", BIG]), insert_msg(rel, [lsn, None, ""]),
+                        update_msg(rel, None, False, [5, "n", "b"]),
+                        update_msg(rel, [4, None, None], True, [5, "n", "b"]),
+                        update_msg(rel, [5, "o", BIG], False, [5, "n", "b"]),
+                        delete_msg(rel, [5, None, None], True),
+                        delete_msg(rel, [6, "o", BIG], False)):
+                out.append(factory.from_change(msg, lsn, ("fp", 1)))
+    return out
+
+
+def pg_stamp(factory: PgFactory) -> ChangeStamp:
+    return ChangeStamp("src", str(XID), factory.stamp(
+        ChangeEvent(), xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN, commit_ts_us=TS_US, index=0,
+        size=1).position, f"{TX_SEQ:X}", TS_US, TS_US + 5)
+
+
+def pg_commit(factory: PgFactory) -> Commit:
+    def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+        stamped = factory.stamp(event, xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN,
+                                commit_ts_us=TS_US, index=index, size=size)
+        stamped.ts_captured_micros = TS_US + 5  # what the record's stamp says
+        return stamped
+
+    # the position without its per-event fields: what a feed's Commit holds
+    position = factory.stamp(ChangeEvent(), xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN,
+                             commit_ts_us=TS_US, index=0, size=1).position
+    return Commit(stamp, position, TS_US, str(XID), None, pg_stamp(factory))
+
+
+def records_as_events(records: list[tuple[bytes, bytes]]) -> list[tuple[bytes, ChangeEvent]]:
+    return [(key, decode_record(value).event) for key, value in records]
+
+
+def test_a_stamped_pg_change_is_the_event_stamping_gives() -> None:
+    factory = pg_factory()
+    items = pg_changes(factory)
+    size = len(items)
+    commit = pg_commit(factory)
+    stamped = list(transaction_records(items, commit, size))
+    expected = [commit.stamp(change.event(), index, size) for index, change in enumerate(items)]
+    assert records_as_events(stamped) == [(bus_key(e), e) for e in expected]
+    for (_, value), event in zip(stamped, expected, strict=True):
+        assert BusRecord.FromString(value).WhichOneof("record") == "event"
+        assert event.position.HasField("postgres")
+
+
+def test_the_c_records_are_byte_for_byte_the_python_ones() -> None:
+    if cwire is None:
+        pytest.fail("_cwire is not built: run `make setup`")
+    factory = pg_factory()
+    items = pg_changes(factory)
+    stamp = pg_stamp(factory)
+    size = len(items) + 3
+    for first in (0, 1, 3):
+        c = stamp.records(items, first, size)
+        saved = changes.change_records
+        changes.change_records = _py_change_records
+        try:
+            py = stamp.records(items, first, size)
+        finally:
+            changes.change_records = saved
+        assert c == py
+    with pytest.raises(ValueError, match="past the transaction's size"):
+        stamp.records(items, 4, size)
+    with pytest.raises(TypeError):
+        stamp.records([(b"", b"", 3, b"", b"", "not bytes")], 0, 1)  # type: ignore[list-item]
+
+
+def test_a_transaction_of_changes_and_events_spilled_to_disk_keeps_its_order() -> None:
+    """More changes than a C call stamps at once, a TRUNCATE between them, half of them
+    read back from the spill file: each record is the stamped event, index by index."""
+    factory = pg_factory()
+    some = pg_changes(factory)
+    rel = relation("d")
+    truncate = factory.truncate(rel, 500, ("fp", 1))
+    items: list[Change | ChangeEvent] = [some[i % len(some)] for i in range(RUN + 7)]
+    items[3:3] = [truncate]
+    items.append(factory.truncate(rel, 501, ("fp", 1)))
+    buffer = TransactionBuffer(max_in_memory=RUN // 2)
+    for item in items:
+        buffer.append(ChangeEvent.FromString(item.SerializeToString())
+                      if isinstance(item, ChangeEvent) else item)
+    assert buffer.spilled_bytes > 0
+    size = len(items)
+    commit = pg_commit(factory)
+    got = records_as_events(list(transaction_records(buffer, commit, size)))
+    expected = [commit.stamp(item.event() if isinstance(item, Change) else item, index, size)
+                for index, item in enumerate(items)]
+    assert got == [(bus_key(e), e) for e in expected]
+    assert [e.op for _, e in got][3] == Op.OP_TRUNCATE
+    assert [e.tx_index for _, e in got] == list(range(size)) and got[-1][1].tx_end
+
+
+def test_a_change_without_its_commit_records_is_refused() -> None:
+    factory = pg_factory()
+    commit = pg_commit(factory)
+    bare = Commit(commit.stamp, commit.position, TS_US)
+    with pytest.raises(TypeError, match="no `records`"):
+        list(transaction_records(pg_changes(factory)[:1], bare, 1))
+
+
+def test_a_stamped_mysql_change_is_the_event_stamping_gives() -> None:
+    shape = shape_from_table_map("shop", "t", COLUMNS, HINTS)
+    decoder, factory = RowDecoder(shape), MysqlFactory("src", "acme")
+    row = {"id": 7, "txt": "é", "y": 2024}
+    other = {"id": 8, "txt": None, "y": 1999}
+    items = [factory.change(shape, 1, Op.OP_INSERT, decoder.row_bytes(None),
+                            decoder.row_bytes(row)),
+             factory.change(shape, 1, Op.OP_UPDATE, decoder.row_bytes(row),
+                            decoder.row_bytes(other)),
+             factory.change(shape, 2, Op.OP_DELETE, decoder.row_bytes(other),
+                            decoder.row_bytes(None))]
+    position = CapturePosition("mariadb", tx_seq=41, gtid="0-1-41", gtid_set="0-1-41",
+                               file="b.000001", offset=4, server_id=1, identity="id-1")
+    native, commit_ts, captured_us = position.to_proto(), 1_795_000_000, 1_795_000_000_654_321
+
+    def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
+        return factory.stamp(event, position, index=index, size=size, commit_ts=commit_ts,
+                             native=native, captured_us=captured_us)
+
+    commit = Commit(stamp, native, commit_ts * 1_000_000, position.gtid, None,
+                    ChangeStamp("src", position.gtid, native, position.gtid,
+                                commit_ts * 1_000_000, captured_us))
+    got = records_as_events(list(transaction_records(items, commit, len(items))))
+    expected = [stamp(c.event(), i, len(items)) for i, c in enumerate(items)]
+    assert got == [(bus_key(e), e) for e in expected]
+    assert encode_event(expected[0]) != b""  # the events are whole
+    # an update is keyed by its old row (7, as the insert), a delete by its row (8)
+    assert got[0][0] == got[1][0] != got[2][0]
