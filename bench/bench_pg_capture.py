@@ -104,7 +104,8 @@ def publish_rate(spec: Path, log: Path, control: ControlClient, rows: int, last_
         proc = subprocess.Popen([sys.executable, *wrap, "-m", "tailrace_services.capture",
                                  str(spec)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))})
     try:
         deadline = time.monotonic() + 600
         while True:

@@ -181,7 +181,8 @@ def snapshot(spec: Path, log: Path, writer: Writer | MariadbWriter | None,
                            "--format", "raw", "--rate", "200", "--output", profile, "--"]
         proc = subprocess.Popen(command,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))})
     if writer is not None:
         writer.start()
     deadline = time.monotonic() + 1800
