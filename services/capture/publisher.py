@@ -40,13 +40,21 @@ log = get_logger(__name__)
 QUEUE_MAX_KBYTES = 32 * 1024
 QUEUE_MAX_MESSAGES = 50_000
 EPOCH_ACK_TIMEOUT_S = 30.0
-# Epochs emitted but not yet acknowledged. Past this the publisher waits for the bus, so a
-# slow or cut-off bus stops the source reading within a few epochs (backpressure).
-MAX_EPOCHS_IN_FLIGHT = 3
+# Epochs emitted but not yet acknowledged: at least this many, and as many as close in
+# IN_FLIGHT_S. Past them the publisher waits for the bus, so a slow or cut-off bus stops the
+# source reading within a few epochs (backpressure), while a bus whose acks take a few
+# hundred ms does not stall a source whose epochs close every 100 ms.
+MIN_EPOCHS_IN_FLIGHT = 3
+IN_FLIGHT_S = 0.6
 BUS_CHECK_S = 10.0  # while idle: how often the bus is asked for the latest epoch's marker
 # an epoch not acknowledged this long: the bus is asked whether it lost what it held (a
 # broker restarted empty never acknowledges this producer again)
 BUS_SUSPECT_S = 5.0
+
+
+def epochs_in_flight(epoch_ms: int) -> int:
+    """How many emitted epochs may wait for the bus's acks before publishing waits."""
+    return max(MIN_EPOCHS_IN_FLIGHT, round(IN_FLIGHT_S * 1000 / epoch_ms) if epoch_ms else 0)
 
 
 def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], client_id: str,
@@ -95,7 +103,7 @@ class BusPublisher:
     `client_config`: the spec's `bus.client_config` (SASL, TLS)."""
 
     def __init__(self, brokers: str, topic: str, partitions: int, source_id: str,
-                 control: ControlClient, epoch_ms: int = 200,
+                 control: ControlClient, epoch_ms: int = 100,
                  idle: Callable[[], None] | None = None,
                  client_config: Mapping[str, str] | None = None,
                  heartbeat_ms: int = 0) -> None:
@@ -111,6 +119,7 @@ class BusPublisher:
         self._source_id = source_id
         self._control = control
         self._epoch_s = epoch_ms / 1000
+        self._max_in_flight = epochs_in_flight(epoch_ms)
         self._error: KafkaError | None = None
         self._last_position: Position | None = None
         self._last_source_ms = 0  # source commit time of the last transaction published
@@ -307,7 +316,7 @@ class BusPublisher:
         acknowledged (`_record_acked_epochs`)."""
         if self._last_position is None:
             return
-        self.drain(keep=MAX_EPOCHS_IN_FLIGHT - 1)
+        self.drain(keep=self._max_in_flight - 1)
         self._epoch_id += 1
         now_us = int(time.time() * 1_000_000)
         flight = _EpochInFlight(

@@ -164,3 +164,4 @@ def test_a_stamped_mysql_change_is_the_event_stamping_gives() -> None:
     assert encode_event(expected[0]) != b""  # the events are whole
     # an update is keyed by its old row (7, as the insert), a delete by its row (8)
     assert got[0][0] == got[1][0] != got[2][0]
+

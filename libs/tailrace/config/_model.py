@@ -206,8 +206,9 @@ class _SourceBase(_Spec):
     on_schema_drift: Literal["adapt", "halt"] = "adapt"
     snapshot: SnapshotSpec = SnapshotSpec()  # reading the tables' existing rows
     # how often, at most, an epoch closes after a transaction: the unit delivery plans its
-    # batches by and checkpoints at (0: after every transaction)
-    epoch_ms: Annotated[int, Field(ge=0)] = 200
+    # batches by and checkpoints at (0: after every transaction); a change waits for its
+    # epoch, so this much is added to its latency at most
+    epoch_ms: Annotated[int, Field(ge=0)] = 100
     # events of one open transaction held in memory; past it the rest spill to disk, so a
     # 1 GB transaction needs no 1 GB of memory
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
