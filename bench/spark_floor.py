@@ -4,7 +4,8 @@ A Python streaming data source hands out one tiny partition per micro-batch (two
 on a 100 ms trigger, as delivery's `tailrace_bus` source does with its bus ranges; the
 `foreachBatch` body is either what delivery runs (ONE `mapInArrow(...).collect()`, an
 identity function here) or a plain `collect()` (the partition's rows straight back, one
-Python worker hand-off fewer). Prints, per variant, the medians of Spark's own
+Python worker hand-off fewer), in a session made as delivery makes its own
+(`job.spark_session`, plus `--conf`). Prints, per variant, the medians of Spark's own
 `triggerExecution` and `addBatch` and of the body, over the batches after the first five.
 
     .venv/bin/python bench/spark_floor.py --seconds 35
@@ -24,8 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 
-def run(variant: str, seconds: float) -> None:
-    from pyspark.sql import SparkSession
+def run(variant: str, seconds: float, conf: dict[str, str]) -> None:
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     class Reader(DataSourceStreamReader):
@@ -62,9 +62,9 @@ def run(variant: str, seconds: float) -> None:
     def identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from batches
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.python.worker.reuse", "true").getOrCreate())
+    from tailrace_services.delivery.job import spark_session
+
+    spark = spark_session("spark-floor", "local[2]", conf=conf)  # delivery's own settings
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(Source)
     body_ms: list[float] = []
@@ -85,7 +85,7 @@ def run(variant: str, seconds: float) -> None:
     spark.stop()
     trigger = [p["durationMs"].get("triggerExecution", 0) for p in progress]
     add = [p["durationMs"].get("addBatch", 0) for p in progress]
-    print(f"{variant:>10}: {len(progress)} batches; median triggerExecution "
+    print(f"{variant:>10}{' ' + str(conf) if conf else ''}: {len(progress)} batches; median triggerExecution "
           f"{statistics.median(trigger):.0f} ms, addBatch {statistics.median(add):.0f} ms, "
           f"foreachBatch body {statistics.median(body_ms[5:]):.0f} ms")
 
@@ -95,12 +95,15 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=35.0)
     parser.add_argument("--variant", choices=("mapInArrow", "collect"), action="append")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting on top of delivery's (repeatable)")
     args = parser.parse_args()
+    conf = dict(item.split("=", 1) for item in args.conf)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     print(f"load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for variant in args.variant or ["mapInArrow", "collect"]:
-        run(variant, args.seconds)
+        run(variant, args.seconds, conf)
 
 
 if __name__ == "__main__":
