@@ -1,8 +1,14 @@
-"""What the driver makes of a Python worker's error: Spark hands back only its text."""
+"""What the driver makes of a Python worker's error (Spark hands back only its text), and
+what a worker's task leaves as it found it."""
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from tailrace.errors import FatalError
+from tailrace_services.delivery.executor import collector_paused
 from tailrace_services.delivery.job import _raised
 
 TRACEBACK = """org.apache.spark.api.python.PythonException: Traceback (most recent call last):
@@ -24,3 +30,20 @@ def test_other_errors_and_unknown_classes_are_not_fatal() -> None:
     assert _raised("tailrace_services.delivery.runtime.BusChanged: moved", FatalError) is None
     assert _raised("tailrace_services.nowhere.Nope: x", FatalError) is None
     assert _raised("ValueError: tailrace_services.x.Y: z", FatalError) is None
+
+
+def test_a_task_runs_without_the_cyclic_collector_and_gives_it_back_even_if_it_fails() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a sink failed")
+    assert gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
