@@ -54,18 +54,16 @@ from tailrace.errors import SourceLostError
 from tailrace.events import bus_key, encode_event
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Position
-from tailrace_services.capture.changes import Change, ChangeStamp
+from tailrace_services.capture.changes import CHANGE_ITEMS, Change, ChangeStamp
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.publisher import BusPublisher
 from tailrace_services.capture.resume import ResumeRule
 from tailrace_services.capture.txbuffer import TransactionBuffer
 
-__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Change", "Commit", "FeedItem", "Idle",
-           "Prepared", "Stamp", "transaction_records"]
+__all__ = ["BEGIN", "IDLE", "Assembler", "Begin", "Commit", "FeedItem", "Idle", "Prepared",
+           "Stamp", "transaction_records"]
 
 log = get_logger(__name__)
-
-_CHANGES = (Change, ChangeEvent)  # what a feed yields per change
 
 RUN = 512  # changes stamped per C call: a spilled transaction is streamed, never held whole
 
@@ -108,7 +106,8 @@ class Prepared:
     tx_id: str = ""
 
 
-FeedItem = Begin | Change | ChangeEvent | list[Change] | list[ChangeEvent] | Commit | Idle | Prepared
+FeedItem = (Begin | Change | ChangeEvent | list[Change] | list[ChangeEvent] | Commit | Idle
+            | Prepared)
 
 
 def transaction_records(items: Iterable[Change | ChangeEvent], commit: Commit, size: int
@@ -161,7 +160,7 @@ class Assembler:
         buffer = self.buffer
         append = buffer.append
         for item in feed:
-            if isinstance(item, _CHANGES):
+            if isinstance(item, CHANGE_ITEMS):
                 append(item)
             elif isinstance(item, list):
                 for event in item:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from tailrace.events import ChangeEvent, Position, event_ids, rows_bus_key
 from tailrace.events._wire import cwire, length_prefixed, varint
 
-__all__ = ["Change", "ChangeStamp", "ChangeTemplate"]
+__all__ = ["CHANGE_ITEMS", "Change", "ChangeStamp", "ChangeTemplate"]
 
 _TX_END = b"\x78\x01"  # ChangeEvent.tx_end = true (field 15)
 
@@ -34,7 +34,9 @@ class Change(NamedTuple):
 
     template: bytes  # the serialized fields of every event of its table and op
     ident: bytes  # b"{tenant}|{database}.{table}|": how its idempotency key starts
-    source_field: int  # Position's field of the source's position (0: no per-change part)
+    # Position's field of the source's position (0: no per-change part); read by `event()`
+    # and the spill file only: the stamp takes it from the transaction's position
+    source_field: int
     at: bytes  # that position's fields of this change alone (PostgreSQL: its LSN, timeline)
     rows: bytes  # `before` (8) and `after` (9), serialized as the event's fields
     key: bytes  # its bus key (`tailrace.events.bus_key`)
@@ -45,6 +47,10 @@ class Change(NamedTuple):
         where = length_prefixed(16, length_prefixed(self.source_field, self.at)) \
             if self.source_field else b""
         return ChangeEvent.FromString(self.template + where + self.rows)
+
+
+CHANGE_ITEMS = (Change, ChangeEvent)
+"""What a feed yields per change: a row change as bytes, the rare rest as an event."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,9 +194,10 @@ class EventFactory:
         return self.change(relation, _TRUNCATE, None, None, event_lsn, schema)
 
     def stamp(self, event: ChangeEvent, *, xid: int, tx_seq: int, end_lsn: int,
-              commit_ts_us: int, index: int, size: int, ids: EventIds | None = None
-              ) -> ChangeEvent:
-        """Fill the transaction fields once the commit is known (`tx_seq`: see position.py).
+              commit_ts_us: int, index: int, size: int, ids: EventIds | None = None,
+              captured_us: int = 0) -> ChangeEvent:
+        """Fill the transaction fields once the commit is known (`tx_seq`: see position.py);
+        `captured_us`, when it was read (now if 0), is the transaction's, as `ChangeStamp`'s.
 
         The id depends only on the source id, `tx_seq` and the index, so a transaction
         re-read after a restart gets the same ids. The position names its transaction
@@ -214,7 +215,7 @@ class EventFactory:
         postgres.xid = xid
         postgres.commit_ts_us = commit_ts_us
         event.ts_source_micros = commit_ts_us
-        event.ts_captured_micros = time.time_ns() // 1000
+        event.ts_captured_micros = captured_us or time.time_ns() // 1000
         event.id = ids(index) if ids is not None else \
             make_event_id(self.source_id, f"{tx_seq:X}", index, commit_ts_us // 1000)
         event.idempotency_key = idempotency_key(
@@ -317,11 +318,12 @@ class ChangeFeed:
         factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
         timeline = factory.timelines.of(commit.commit_lsn)
         tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
+        captured_us = time.time_ns() // 1000  # one capture time for the whole transaction
         # what `factory.stamp` sets, for the changes (their own LSN and timeline they hold)
         records = ChangeStamp(factory.source_id, str(xid), Position(
             tx_seq=tx_seq, postgres=PostgresPosition(commit_lsn=end_lsn, xid=xid,
                                                      commit_ts_us=ts)),
-            f"{tx_seq:X}", ts, time.time_ns() // 1000)
+            f"{tx_seq:X}", ts, captured_us)
 
         ids: list[EventIds] = []  # made at the first event, when the size is known
 
@@ -329,7 +331,8 @@ class ChangeFeed:
             if not ids:
                 ids.append(EventIds(factory.source_id, f"{tx_seq:X}", ts // 1000, size))
             return factory.stamp(event, xid=xid, tx_seq=tx_seq, end_lsn=end_lsn,
-                                 commit_ts_us=ts, index=index, size=size, ids=ids[0])
+                                 commit_ts_us=ts, index=index, size=size, ids=ids[0],
+                                 captured_us=captured_us)
 
         position = Position(tx_seq=tx_seq, postgres=PostgresPosition(
             commit_lsn=end_lsn, timeline=timeline, xid=xid, commit_ts_us=ts))

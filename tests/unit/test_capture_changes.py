@@ -16,13 +16,17 @@ from tailrace_services.capture_mysql.events import EventFactory as MysqlFactory
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.schema import shape_from_table_map
 from tailrace_services.capture_mysql.values import RowDecoder
+from tailrace_services.capture_postgres.events import ChangeFeed
 from tailrace_services.capture_postgres.events import EventFactory as PgFactory
 from tailrace_services.capture_postgres.position import Timelines
+from tailrace_services.capture_postgres.reader import Begin as PgBegin
+from tailrace_services.capture_postgres.reader import Commit as PgCommit
 from tailrace_services.capture_postgres.schema import choose_key
 from tests.unit.test_mysql_values import COLUMNS, HINTS
 from tests.unit.test_pg_keys import ALL, BIG, delete_msg, insert_msg, relation, update_msg
 
 XID, TX_SEQ, END_LSN, TS_US = 9, 0x1_0000_0200, 0x200, 1_795_000_000_123_456
+CAPTURED = TS_US + 5  # the transaction's capture time, for its changes and events alike
 
 
 def pg_factory() -> PgFactory:
@@ -48,15 +52,13 @@ def pg_changes(factory: PgFactory) -> list[Change]:
 def pg_stamp(factory: PgFactory) -> ChangeStamp:
     return ChangeStamp("src", str(XID), factory.stamp(
         ChangeEvent(), xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN, commit_ts_us=TS_US, index=0,
-        size=1).position, f"{TX_SEQ:X}", TS_US, TS_US + 5)
+        size=1).position, f"{TX_SEQ:X}", TS_US, CAPTURED)
 
 
 def pg_commit(factory: PgFactory) -> Commit:
     def stamp(event: ChangeEvent, index: int, size: int) -> ChangeEvent:
-        stamped = factory.stamp(event, xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN,
-                                commit_ts_us=TS_US, index=index, size=size)
-        stamped.ts_captured_micros = TS_US + 5  # what the record's stamp says
-        return stamped
+        return factory.stamp(event, xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN,
+                             commit_ts_us=TS_US, index=index, size=size, captured_us=CAPTURED)
 
     # the position without its per-event fields: what a feed's Commit holds
     position = factory.stamp(ChangeEvent(), xid=XID, tx_seq=TX_SEQ, end_lsn=END_LSN,
@@ -165,3 +167,16 @@ def test_a_stamped_mysql_change_is_the_event_stamping_gives() -> None:
     # an update is keyed by its old row (7, as the insert), a delete by its row (8)
     assert got[0][0] == got[1][0] != got[2][0]
 
+
+
+def test_a_pg_transaction_s_changes_and_events_carry_one_capture_time() -> None:
+    """The feed's Commit stamps a TRUNCATE and the row changes around it alike."""
+    factory = pg_factory()
+    feed = ChangeFeed(None, factory, None, None, None, 0)  # type: ignore[arg-type]
+    commit = feed._commit(PgBegin(END_LSN - 8, TS_US, XID), PgCommit(0, END_LSN - 8, END_LSN,
+                                                                     TS_US))
+    items: list[Change | ChangeEvent] = [*pg_changes(factory)[:2],
+                                         factory.truncate(relation("d"), 500, ("fp", 1))]
+    got = records_as_events(list(transaction_records(items, commit, len(items))))
+    assert len({event.ts_captured_micros for _, event in got}) == 1
+    assert [event.tx_id for _, event in got] == [str(XID)] * 3

@@ -554,10 +554,11 @@ fail:
 
 /* -- A snapshot chunk's read transaction (capture/snapshot/records.py) ------------------ */
 
+/* bytes or str (as UTF-8) -> its data; TypeError otherwise (read_records, change_records) */
 static int bytes_of(PyObject *obj, const char **data, Py_ssize_t *n) {
     if (PyBytes_Check(obj)) { *data = PyBytes_AS_STRING(obj); *n = PyBytes_GET_SIZE(obj); return 0; }
     if (PyUnicode_Check(obj)) { *data = PyUnicode_AsUTF8AndSize(obj, n); return *data ? 0 : -1; }
-    PyErr_SetString(PyExc_TypeError, "read_records: expected bytes or str");
+    PyErr_Format(PyExc_TypeError, "expected bytes or str, not %.100s", Py_TYPE(obj)->tp_name);
     return -1;
 }
 
@@ -654,8 +655,11 @@ static PyObject *py_change_records(PyObject *self, PyObject *const *args, Py_ssi
     }
     PyObject *head = args[0], *position = args[1], *source_tx = args[3], *idem_tx = args[4];
     long source_field = PyLong_AsLong(args[2]);
-    Py_ssize_t first = PyLong_AsSsize_t(args[6]), size = PyLong_AsSsize_t(args[7]);
-    if (PyErr_Occurred()) return NULL;
+    if (source_field == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t first = PyLong_AsSsize_t(args[6]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[7]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
     if (source_field < 1 || source_field > 15 || first < 0) {
         PyErr_SetString(PyExc_ValueError, "change_records: source_field is 1..15, first >= 0");
         return NULL;

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from tailrace.events import event_id, idempotency_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Op, Position
-from tailrace_services.capture.assembler import BEGIN, Change, Commit, FeedItem
+from tailrace_services.capture.assembler import BEGIN, Commit, FeedItem
+from tailrace_services.capture.changes import CHANGE_ITEMS, Change
 from tailrace_services.capture.snapshot.chunks import (
     ChunkRows,
     Key,
@@ -26,8 +27,6 @@ from tailrace_services.capture.snapshot.records import read_transaction
 __all__ = ["Chunk", "SnapshotMerger"]
 
 log = get_logger(__name__)
-
-_CHANGES = (Change, ChangeEvent)  # what a feed yields per change
 
 # the commits a table's recording looks back on (`_start_recording`): at most this many,
 # streamed at most this long ago (older ids could wrap around and look new)
@@ -142,7 +141,7 @@ class SnapshotMerger:
         for item in feed:
             if self._starting:
                 joined_midway += self._start_recording(in_transaction)
-            if isinstance(item, _CHANGES):
+            if isinstance(item, CHANGE_ITEMS):
                 if self._recorded:
                     self._note(tx_keys, item)
                 yield item
