@@ -90,28 +90,33 @@ class ChangeStamp:
 
     def __init__(self, source_id: str, tx_id: str, position: Position, native_tx: str,
                  ts_source_us: int, ts_captured_us: int) -> None:
-        self.source_id, self.tx_id, self.native_tx = source_id, tx_id, native_tx
-        self.ts_source_us, self.ts_captured_us = ts_source_us, ts_captured_us
-        source = position.WhichOneof("native")
-        if source is None:
+        if position.WhichOneof("native") is None:
             raise ValueError("a transaction's position names no source position")
-        self._source_field = position.DESCRIPTOR.fields_by_name[source].number
-        self._source_tx = getattr(position, source).SerializeToString()
-        self._position = Position(tx_seq=position.tx_seq).SerializeToString()
-        self._idem_tx = f"{tx_id}|".encode()
-        self._head: tuple[int, bytes] = (-1, b"")
+        self.source_id, self.tx_id, self.native_tx = source_id, tx_id, native_tx
+        self.position = position
+        self.ts_source_us, self.ts_captured_us = ts_source_us, ts_captured_us
+        # serialized at the first run, for a transaction that has changes (every commit,
+        # heartbeats and skipped ones included, makes a ChangeStamp)
+        self._parts: tuple[int, bytes, bytes, int, bytes, bytes] | None = None
 
     def records(self, changes: Sequence[Change], first: int, size: int
                 ) -> list[tuple[bytes, bytes]]:
         """(bus key, serialized `BusRecord`) of `changes`, events `first`.. of `size`."""
-        if self._head[0] != size:
-            self._head = (size, ChangeEvent(
+        if self._parts is None or self._parts[0] != size:
+            source = self.position.WhichOneof("native")
+            assert source is not None  # checked when made
+            self._parts = (size, ChangeEvent(
                 tx_id=self.tx_id, tx_size=size, ts_source_micros=self.ts_source_us,
-                ts_captured_micros=self.ts_captured_us).SerializeToString())
+                ts_captured_micros=self.ts_captured_us).SerializeToString(),
+                Position(tx_seq=self.position.tx_seq).SerializeToString(),
+                self.position.DESCRIPTOR.fields_by_name[source].number,
+                getattr(self.position, source).SerializeToString(),
+                f"{self.tx_id}|".encode())
+        _, head, position, source_field, source_tx, idem_tx = self._parts
         eids = event_ids(self.source_id, self.native_tx, first, len(changes),
                          self.ts_source_us // 1000)
-        return change_records(self._head[1], self._position, self._source_field,
-                              self._source_tx, self._idem_tx, eids, first, size, changes)
+        return change_records(head, position, source_field, source_tx, idem_tx, eids, first,
+                              size, changes)
 
 
 def _py_change_records(head: bytes, position: bytes, source_field: int, source_tx: bytes,
