@@ -32,10 +32,10 @@ from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage
 from tailrace_services.delivery import job as job_module
 from tailrace_services.delivery.committer import BatchReport
+from tailrace_services.delivery.executor import read_bus_range
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import build_sink
-from tailrace_services.delivery.source import read_bus_range
 from tests.fix_delivery import synthetic_tx
 
 

@@ -1,37 +1,55 @@
-"""What runs inside Spark's Python workers: one task delivers one bus partition's slice."""
+"""What runs inside Spark's Python workers: one task delivers one bus partition's slice.
+
+The task is the bus source's `read()` (`source.BusStreamReader`): it reads its range of the
+bus, delivers it and yields one row, its outcome, which is the micro-batch's data the driver
+collects. The checkpoints it delivers against are the ones the driver read for this batch,
+handed to the batch's tasks as a Spark local property (`hand_checkpoints`).
+"""
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import functools
 import gc
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from tailrace.config import PipelineSpec
-from tailrace.logs import setup_from_env
 from tailrace.proto.control_pb2 import Checkpoint
 from tailrace_services.delivery.outbox_cleanup import outbox_cleanup
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
-from tailrace_services.delivery.source import read_bus_range
 
-RESULT_SCHEMA = ("partition int, generation long, end_offset long, epoch_position binary, "
-                 "events long, read_ms double, task_ms double, "
-                 "outcomes string, dead_letters array<struct<sink_id:string,event:binary,"
-                 "reason:string>>")
-_RESULT_ARROW = pa.schema([
-    ("partition", pa.int32()), ("generation", pa.int64()), ("end_offset", pa.int64()),
-    ("epoch_position", pa.binary()),
-    ("events", pa.int64()), ("read_ms", pa.float64()), ("task_ms", pa.float64()),
-    ("outcomes", pa.string()),
-    ("dead_letters", pa.list_(pa.struct([("sink_id", pa.string()), ("event", pa.binary()),
-                                         ("reason", pa.string())]))),
+RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of the batch
+    StructField("partition", IntegerType()), StructField("generation", LongType()),
+    StructField("end_offset", LongType()), StructField("epoch_position", BinaryType()),
+    StructField("events", LongType()), StructField("read_ms", DoubleType()),
+    StructField("task_ms", DoubleType()), StructField("outcomes", StringType()),
+    StructField("dead_letters", ArrayType(StructType([
+        StructField("sink_id", StringType()), StructField("event", BinaryType()),
+        StructField("reason", StringType())]))),
 ])
+# As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
+_RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
+READ_CHUNK = 4096
+CHECKPOINTS_PROPERTY = "tailrace.checkpoints"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark on every micro-batch's jobs
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
 # by pipeline, sink id and the sink's settings: a managed pipeline's new spec version gets
@@ -83,25 +101,38 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def make_deliver_fn(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None]
-                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function for one batch; `checkpoints` are the sinks' serialized
-    control checkpoints (`Checkpoint`), None for a sink without one.
+def hand_checkpoints(context: Any, batch_id: int,
+                     checkpoints: Mapping[str, Checkpoint | None]) -> None:
+    """On the driver, before the batch's job: the checkpoints its tasks deliver against, as a
+    local property of the thread that runs the batch (Spark sends it with every task of the
+    jobs that thread starts); `None` takes it back."""
+    context.setLocalProperty(CHECKPOINTS_PROPERTY, json.dumps({
+        "batch": batch_id,
+        "sinks": {k: (base64.b64encode(v.SerializeToString()).decode() if v is not None
+                      else None) for k, v in checkpoints.items()}}))
 
-    A partial of a module-level function, so Spark pickles it by reference.
-    """
-    return functools.partial(deliver_batches, pipeline, checkpoints)
+
+def take_back_checkpoints(context: Any) -> None:
+    context.setLocalProperty(CHECKPOINTS_PROPERTY, None)
 
 
-def deliver_batches(pipeline: PipelineSpec, checkpoints: dict[str, bytes | None],
-                    batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    setup_from_env("delivery")  # a Spark Python worker: log as the service does
-    read = {k: (Checkpoint.FromString(v) if v is not None else None)
-            for k, v in checkpoints.items()}
-    ranges = [row for batch in batches for row in batch.to_pylist()]  # one per task
-    for row in ranges:
-        yield deliver_range(pipeline, read, row["partition"], row["start"], row["end"],
-                            row["generation"], row["epoch"])
+def handed_checkpoints() -> dict[str, Checkpoint | None]:
+    """In a task: the checkpoints the driver handed to this micro-batch. A task without them,
+    or with another batch's, would deliver against checkpoints nobody commits: it fails."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    handed = task.getLocalProperty(CHECKPOINTS_PROPERTY) if task is not None else None
+    batch = task.getLocalProperty(_BATCH_ID_PROPERTY) if task is not None else None
+    if handed is None:
+        raise RuntimeError(f"a delivery task got no checkpoints from the driver (Spark local "
+                           f"property {CHECKPOINTS_PROPERTY} unset); it delivers nothing")
+    decoded = json.loads(handed)
+    if str(decoded["batch"]) != batch:
+        raise RuntimeError(f"a delivery task of micro-batch {batch} got the checkpoints of "
+                           f"batch {decoded['batch']}; it delivers nothing")
+    return {k: (Checkpoint.FromString(base64.b64decode(v)) if v is not None else None)
+            for k, v in decoded["sinks"].items()}
 
 
 def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | None],
@@ -176,3 +207,16 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
                          for s, e, r in result.dead_letters],
     }], schema=_RESULT_ARROW)
+
+
+def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
+                   timeout_s: float = 60.0, client_config: dict[str, str] | None = None
+                   ) -> Iterator[tuple[list[int], list[bytes]]]:
+    """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
+    read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
+    `bus.client_config` (SASL, TLS)."""
+    from tailrace.bus import BusReader
+
+    with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
+                   client_config=client_config) as reader:
+        yield from reader.read_range(partition, start, end, timeout_s, READ_CHUNK)

@@ -6,9 +6,10 @@ owns it; an older instance is fenced and stops). Per micro-batch (`foreachBatch`
 in this order:
 0. check this instance still owns the pipeline and it is not paused;
 1. read every sink's checkpoint (position + version) from the control service;
-2. ONE `mapInArrow(...).collect()`: each task runs the processors and writes its
-   partition's slice to every sink (skipping what a sink already has) and returns
-   each sink's outcome;
+2. hand those checkpoints to the batch's tasks (`executor.hand_checkpoints`) and ONE
+   `collect()` of the batch: each task is the bus source's read (source.py), which
+   reads its partition's slice, runs the processors, writes it to every sink (skipping
+   what a sink already has) and yields each sink's outcome;
 3. `BatchCommitter`: dead letters to the DLQ, then the commit policy in the control
    service advances the acknowledged sinks' checkpoints atomically (see committer.py).
 A crash anywhere before step 3 re-delivers the batch (at least once; exactly-once
@@ -63,7 +64,7 @@ from tailrace_services.delivery import metrics
 from tailrace_services.delivery.buswatch import BusWatch
 from tailrace_services.delivery.cluster import class_archive
 from tailrace_services.delivery.committer import BatchCommitter, BatchReport
-from tailrace_services.delivery.executor import RESULT_SCHEMA, make_deliver_fn
+from tailrace_services.delivery.executor import hand_checkpoints, take_back_checkpoints
 from tailrace_services.delivery.health import PipelineHealth
 from tailrace_services.delivery.source import BusDataSource, bus_options, control_options
 from tailrace_services.delivery.sparklog import spark_log4j_config
@@ -122,7 +123,6 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _quiet_accumulator_server(spark.sparkContext)
-    spark.dataSource.register(BusDataSource)
     return spark
 
 
@@ -189,10 +189,12 @@ class DeliveryJob:
             self.restart_reason = "paused"
             return
         before = self.committer.read({s.id for s in info.sinks if s.HasField("detached")})
-        checkpoints = {k: (v.SerializeToString() if v is not None else None)
-                       for k, v in before.items()}
-        rows = df.mapInArrow(make_deliver_fn(self.pipeline, checkpoints),
-                             RESULT_SCHEMA).collect()
+        context = df.sparkSession.sparkContext
+        hand_checkpoints(context, batch_id, before)
+        try:
+            rows = df.collect()
+        finally:
+            take_back_checkpoints(context)
         delivered_at = time.monotonic()
         report = self.committer.summarize(rows)
         report.dead_letters = self.committer.dead_letter(rows)
@@ -370,6 +372,7 @@ def _queries(job: DeliveryJob, spark: Any, master: str, should_stop: Callable[[]
             log.info("pipeline resumed")
         checkpoint_dir = tempfile.mkdtemp(prefix="tailrace-spark-")
         try:
+            spark.dataSource.register(BusDataSource.for_pipeline(pipeline))
             stream = (spark.readStream.format("tailrace_bus")
                       .option("brokers", bus.brokers).option("topic", pipeline.bus_topic)
                       .option("partitions", str(bus.partitions))

@@ -1,15 +1,21 @@
-"""The bus as a Spark streaming source (Python Data Source API).
+"""The bus as a Spark streaming source (Python Data Source API) whose read delivers.
 
 `initialOffset`, `latestOffset`, `partitions` and `commit` run in Spark's
 long-lived planner process: they share nothing with the driver script and
 ask the control service. The start is the least advanced sink checkpoint;
 the end of each batch is the latest epoch, a cut that never splits a
-transaction. One bus partition = one Spark partition = one task; `read` yields
-the partition's range only (one row: partition, start, end), and the task that
-delivers it (`executor.deliver_batches`) reads the records itself with
-`read_bus_range`. The events never pass through the JVM: moving every record into it
-and out again to another Python worker cost more CPU than delivering them
-(docs/performance.md).
+transaction. One bus partition = one Spark partition = one task. The task is
+`read`: it reads its partition's range of the bus itself (`executor.read_bus_range`),
+delivers it to the sinks (`executor.deliver_range`) and yields one row, the outcome
+(`executor.RESULT_SCHEMA`), which the driver collects and commits. So the events never
+pass through the JVM, and a task is one Python worker, which keeps its sinks' clients
+(a Kafka transactional producer among them) from one batch to the next. Before, `read`
+yielded the range and a `mapInArrow` in a second Python worker delivered it: ~80 ms more
+per micro-batch, and the two workers took turns (docs/performance.md).
+
+The source class a query reads is made per pipeline (`BusDataSource.for_pipeline`): it
+carries the spec (sinks' credentials included) pickled with it, as a function handed to
+`mapInArrow` did, never as an option that a plan would show.
 """
 
 from __future__ import annotations
@@ -19,26 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from tailrace.bus_generation import offsets_done
+from tailrace.config import PipelineSpec
 from tailrace.errors import RetryableError
 
-SCHEMA = StructType([
-    StructField("partition", IntegerType(), False),
-    StructField("start", LongType(), False),
-    StructField("end", LongType(), False),
-    StructField("generation", LongType(), False),
-    StructField("epoch", LongType(), False),
-])
-RANGE_SCHEMA = pa.schema([
-    pa.field("partition", pa.int32(), False),
-    pa.field("start", pa.int64(), False),
-    pa.field("end", pa.int64(), False),
-    pa.field("generation", pa.int64(), False),
-    pa.field("epoch", pa.int64(), False),
-])
-READ_CHUNK = 4096
 GENERATION = "generation"  # the offsets' bus generation, beside the partitions' offsets
 EPOCH = "epoch"  # the epoch whose markers end the planned ranges (0: none planned)
 
@@ -95,17 +87,35 @@ def _control_spec(options: Mapping[str, str]) -> Any:
 class BusDataSource(DataSource):
     """Options: brokers, topic, partitions, control, source_id, sink_ids (comma separated);
     control_token_file and control_tls_{ca,cert,key} (see `control_options`); bus.<setting>
-    (see `bus_options`)."""
+    (see `bus_options`). Registered as made by `for_pipeline`."""
+
+    pipeline: PipelineSpec | None = None
+
+    @classmethod
+    def for_pipeline(cls, pipeline: PipelineSpec) -> type[BusDataSource]:
+        """The source of `pipeline`'s queries. A class of its own, made here: Spark pickles
+        it by value (with the spec) for its planner and workers."""
+
+        class PipelineBusSource(cls):  # type: ignore[valid-type,misc]
+            pass
+
+        PipelineBusSource.pipeline = pipeline
+        return PipelineBusSource
 
     @classmethod
     def name(cls) -> str:
         return "tailrace_bus"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        from tailrace_services.delivery.executor import RESULT_SCHEMA
+
+        return RESULT_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return BusStreamReader(self.options)
+        if self.pipeline is None:
+            raise TypeError("register BusDataSource.for_pipeline(spec), not BusDataSource: "
+                            "its tasks deliver, and need the pipeline's spec")
+        return BusStreamReader(self.options, self.pipeline)
 
 
 def _offsets(d: dict[str, Any]) -> dict[int, int]:
@@ -117,10 +127,11 @@ def _generation(d: dict[str, Any]) -> int:
 
 
 class BusStreamReader(DataSourceStreamReader):
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], pipeline: PipelineSpec) -> None:
         from tailrace.logs import setup_from_env
 
         setup_from_env("delivery")  # Spark's planner or a worker process: log as the service
+        self.pipeline = pipeline
         self.brokers = options["brokers"]
         self.topic = options["topic"]
         self.num_partitions = int(options.get("partitions", "1"))
@@ -206,25 +217,18 @@ class BusStreamReader(DataSourceStreamReader):
                 for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The range only: the delivering task reads it (module docstring)."""
+        """The task: deliver the partition's range against the checkpoints the driver handed
+        to this batch, and yield the outcome (module docstring)."""
+        # Imported here: the planner process, which never reads, need not load the sinks.
+        from tailrace.logs import setup_from_env
+        from tailrace_services.delivery.executor import deliver_range, handed_checkpoints
+
         assert isinstance(partition, BusPartition)
-        yield pa.RecordBatch.from_pylist(
-            [{"partition": partition.partition, "start": partition.start,
-              "end": partition.end, "generation": partition.generation,
-              "epoch": partition.epoch_id}], schema=RANGE_SCHEMA)
+        setup_from_env("delivery")  # a Spark Python worker: log as the service does
+        yield deliver_range(self.pipeline, handed_checkpoints(), partition.partition,
+                            partition.start, partition.end, partition.generation,
+                            partition.epoch_id)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: sink checkpoints are committed by the job after the sinks acked."""
 
-
-def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
-                   timeout_s: float = 60.0, client_config: dict[str, str] | None = None
-                   ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
-    read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
-    `bus.client_config` (SASL, TLS)."""
-    from tailrace.bus import BusReader
-
-    with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
-                   client_config=client_config) as reader:
-        yield from reader.read_range(partition, start, end, timeout_s, READ_CHUNK)
