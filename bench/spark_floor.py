@@ -2,11 +2,12 @@
 
 A Python streaming data source hands out one tiny partition per micro-batch (two numbers)
 on a 100 ms trigger, as delivery's `tailrace_bus` source does with its bus ranges; the
-`foreachBatch` body is either what delivery runs (ONE `mapInArrow(...).collect()`, an
-identity function here) or a plain `collect()` (the partition's rows straight back, one
-Python worker hand-off fewer), in a session made as delivery makes its own
-(`job.spark_session`, plus `--conf`). Prints, per variant, the medians of Spark's own
-`triggerExecution` and `addBatch` and of the body, over the batches after the first five.
+`foreachBatch` body is either a plain `collect()`, as delivery runs now (its source's
+`read()` is the delivering task) or ONE `mapInArrow(...).collect()` (an identity function
+here), as it ran until 2026-11-29 (a second Python worker per task), in a session made as
+delivery makes its own (`job.spark_session`, plus `--conf`). Prints, per variant, the
+medians of Spark's own `triggerExecution` and `addBatch` and of the body, over the batches
+after the first five.
 
     .venv/bin/python bench/spark_floor.py --seconds 35
 """

@@ -3,7 +3,9 @@
 The task is the bus source's `read()` (`source.BusStreamReader`): it reads its range of the
 bus, delivers it and yields one row, its outcome, which is the micro-batch's data the driver
 collects. The checkpoints it delivers against are the ones the driver read for this batch,
-handed to the batch's tasks as a Spark local property (`hand_checkpoints`).
+handed to the batch's tasks as a Spark local property (`hand_batch`), with which Python
+worker delivered each bus partition last: a worker that did keeps what its sinks hold for
+that partition from one batch to the next (a Kafka transactional producer).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import base64
 import contextlib
 import gc
 import json
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -44,11 +49,12 @@ RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of t
     StructField("dead_letters", ArrayType(StructType([
         StructField("sink_id", StringType()), StructField("event", BinaryType()),
         StructField("reason", StringType())]))),
+    StructField("worker", StringType()),  # the Python worker that delivered it (worker_id)
 ])
 # As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
 _RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
 READ_CHUNK = 4096
-CHECKPOINTS_PROPERTY = "tailrace.checkpoints"
+HANDOFF_PROPERTY = "tailrace.batch"
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark on every micro-batch's jobs
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
@@ -79,11 +85,11 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
     return out
 
 
-def _end_batch(pipeline: PipelineSpec) -> None:
-    """What must not outlive a batch in this worker goes (`Sink.end_batch`)."""
+def _forget_partition(pipeline: PipelineSpec, partition: int) -> None:
+    """What this worker's sinks kept of `partition` goes (`Sink.forget_partition`)."""
     for (name, _, _), sink in _SINKS.items():
         if name == pipeline.name:
-            sink.end_batch()
+            sink.forget_partition(partition)
 
 
 def _chain(pipeline: PipelineSpec) -> ProcessorChain:
@@ -101,52 +107,82 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def hand_checkpoints(context: Any, batch_id: int,
-                     checkpoints: Mapping[str, Checkpoint | None]) -> None:
-    """On the driver, before the batch's job: the checkpoints its tasks deliver against, as a
-    local property of the thread that runs the batch (Spark sends it with every task of the
-    jobs that thread starts); `None` takes it back."""
-    context.setLocalProperty(CHECKPOINTS_PROPERTY, json.dumps({
+def worker_id() -> str:
+    """This Python worker process, unlike any other of the cluster's, before or after it."""
+    global _WORKER
+    if _WORKER is None or _WORKER[0] != os.getpid():  # (a fork has a pid of its own)
+        _WORKER = os.getpid(), f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    return _WORKER[1]
+
+
+_WORKER: tuple[int, str] | None = None
+
+
+class BatchHandoff(NamedTuple):
+    """What the driver hands a micro-batch's tasks: the checkpoints to deliver against, and
+    per bus partition the worker that delivered its last batch in this query."""
+
+    checkpoints: dict[str, Checkpoint | None]
+    last_workers: dict[int, str]
+    attempt: int = 0  # of the task (Spark runs a failed task again)
+
+    def continues(self, partition: int) -> bool:
+        """Whether this worker delivered `partition`'s last batch, so that nothing another
+        worker did came in between (a retried task's earlier attempt may have)."""
+        return self.attempt == 0 and self.last_workers.get(partition) == worker_id()
+
+
+def hand_batch(context: Any, batch_id: int, checkpoints: Mapping[str, Checkpoint | None],
+               last_workers: Mapping[int, str]) -> None:
+    """On the driver, before the batch's job: a local property of the thread that runs the
+    batch (Spark sends it with every task of the jobs that thread starts); `take_back`
+    clears it."""
+    context.setLocalProperty(HANDOFF_PROPERTY, json.dumps({
         "batch": batch_id,
         "sinks": {k: (base64.b64encode(v.SerializeToString()).decode() if v is not None
-                      else None) for k, v in checkpoints.items()}}))
+                      else None) for k, v in checkpoints.items()},
+        "workers": {str(p): w for p, w in last_workers.items()}}))
 
 
-def take_back_checkpoints(context: Any) -> None:
-    context.setLocalProperty(CHECKPOINTS_PROPERTY, None)
+def take_back(context: Any) -> None:
+    context.setLocalProperty(HANDOFF_PROPERTY, None)
 
 
-def handed_checkpoints() -> dict[str, Checkpoint | None]:
-    """In a task: the checkpoints the driver handed to this micro-batch. A task without them,
-    or with another batch's, would deliver against checkpoints nobody commits: it fails."""
+def handed_batch() -> BatchHandoff:
+    """In a task: what the driver handed to this micro-batch. A task without it, or with
+    another batch's, would deliver against checkpoints nobody commits: it fails."""
     from pyspark import TaskContext
 
     task = TaskContext.get()
-    handed = task.getLocalProperty(CHECKPOINTS_PROPERTY) if task is not None else None
-    batch = task.getLocalProperty(_BATCH_ID_PROPERTY) if task is not None else None
-    if handed is None:
+    handed = task.getLocalProperty(HANDOFF_PROPERTY) if task is not None else None
+    if task is None or handed is None:
         raise RuntimeError(f"a delivery task got no checkpoints from the driver (Spark local "
-                           f"property {CHECKPOINTS_PROPERTY} unset); it delivers nothing")
+                           f"property {HANDOFF_PROPERTY} unset); it delivers nothing")
+    batch = task.getLocalProperty(_BATCH_ID_PROPERTY)
     decoded = json.loads(handed)
     if str(decoded["batch"]) != batch:
         raise RuntimeError(f"a delivery task of micro-batch {batch} got the checkpoints of "
                            f"batch {decoded['batch']}; it delivers nothing")
-    return {k: (Checkpoint.FromString(base64.b64decode(v)) if v is not None else None)
-            for k, v in decoded["sinks"].items()}
+    return BatchHandoff(
+        {k: (Checkpoint.FromString(base64.b64decode(v)) if v is not None else None)
+         for k, v in decoded["sinks"].items()},
+        {int(p): w for p, w in decoded["workers"].items()}, task.attemptNumber())
 
 
-def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | None],
-                  partition: int, start: int, end: int,
-                  generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
-    """Read the bus partition's offsets [start, end) here and deliver them; `generation`:
+def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int, start: int,
+                  end: int, generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
+    """Read the bus partition's offsets [start, end) here and deliver them against the
+    `handoff`'s checkpoints; `generation`:
     the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
     the result for the checkpoint; `epoch_id`: the epoch whose marker the range ends with
     (checked before anything is written: a bus that lost its records holds other ones
     at those offsets). The result also says how long the task took, and its bus read
     (the batch log line: what of a batch is Spark's own)."""
+    if not handoff.continues(partition):
+        _forget_partition(pipeline, partition)
     with collector_paused():
-        return _deliver_range(pipeline, checkpoints, partition, start, end, generation,
-                              epoch_id)
+        return _deliver_range(pipeline, handoff.checkpoints, partition, start, end,
+                              generation, epoch_id)
 
 
 @contextlib.contextmanager
@@ -191,8 +227,6 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         raise
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
-    else:
-        _end_batch(pipeline)
     return pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "generation": generation,
@@ -206,6 +240,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                                 for o in result.outcomes]),
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
                          for s, e, r in result.dead_letters],
+        "worker": worker_id(),
     }], schema=_RESULT_ARROW)
 
 

@@ -217,15 +217,15 @@ class BusStreamReader(DataSourceStreamReader):
                 for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The task: deliver the partition's range against the checkpoints the driver handed
-        to this batch, and yield the outcome (module docstring)."""
+        """The task: deliver the partition's range against what the driver handed to this
+        batch (`executor.handed_batch`), and yield the outcome (module docstring)."""
         # Imported here: the planner process, which never reads, need not load the sinks.
         from tailrace.logs import setup_from_env
-        from tailrace_services.delivery.executor import deliver_range, handed_checkpoints
+        from tailrace_services.delivery.executor import deliver_range, handed_batch
 
         assert isinstance(partition, BusPartition)
         setup_from_env("delivery")  # a Spark Python worker: log as the service does
-        yield deliver_range(self.pipeline, handed_checkpoints(), partition.partition,
+        yield deliver_range(self.pipeline, handed_batch(), partition.partition,
                             partition.start, partition.end, partition.generation,
                             partition.epoch_id)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tailrace.proto import control_pb2 as pb
-from tailrace_services.delivery.source import BusReplaced, BusStreamReader
+from tailrace_services.delivery.source import BusDataSource, BusReplaced, BusStreamReader
+from tests.fix_capture import unit_pipeline
 
 
 class FakeControl:
@@ -34,7 +35,7 @@ def epoch(epoch_id: int, end: int, generation: int = 0, start: int = 0) -> pb.Ep
 def reader(control: FakeControl, max_events: int = 0) -> BusStreamReader:
     r = BusStreamReader({"brokers": "127.0.0.1:1", "topic": "t", "partitions": "1",
                          "control": "127.0.0.1:2", "source_id": "s", "sink_ids": "a",
-                         "max_events": str(max_events)})
+                         "max_events": str(max_events)}, unit_pipeline())
     r._control = control
     return r
 
@@ -68,3 +69,11 @@ def test_a_query_behind_by_more_than_a_batch_sees_the_new_generation() -> None:
     source = reader(FakeControl(epochs, pb.Checkpoint(bus_offsets={0: 100})), max_events=150)
     with pytest.raises(BusReplaced):
         source.latestOffset({"0": 100, "generation": 0})
+
+
+def test_the_source_of_a_pipeline_carries_its_spec_and_the_bare_one_refuses_to_read() -> None:
+    pipeline = unit_pipeline()
+    source = BusDataSource.for_pipeline(pipeline)
+    assert source.pipeline is pipeline and BusDataSource.pipeline is None
+    with pytest.raises(TypeError, match="register BusDataSource.for_pipeline"):
+        BusDataSource({}).streamReader(BusDataSource({}).schema())

@@ -11,9 +11,10 @@ from tailrace.errors import FatalError
 from tailrace.proto.control_pb2 import Checkpoint
 from tailrace_services.delivery.executor import (
     collector_paused,
-    hand_checkpoints,
-    handed_checkpoints,
-    take_back_checkpoints,
+    hand_batch,
+    handed_batch,
+    take_back,
+    worker_id,
 )
 from tailrace_services.delivery.job import _raised
 
@@ -69,17 +70,22 @@ class _Driver:
 
 
 class _Task:
-    def __init__(self, properties: dict[str, str]) -> None:
-        self.properties = properties
+    def __init__(self, properties: dict[str, str], attempt: int) -> None:
+        self.properties, self.attempt = properties, attempt
 
     def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 - Spark's name
         return self.properties.get(key)
 
+    def attemptNumber(self) -> int:  # noqa: N802 - Spark's name
+        return self.attempt
 
-def _in_task(monkeypatch: pytest.MonkeyPatch, properties: dict[str, str]) -> None:
+
+def _in_task(monkeypatch: pytest.MonkeyPatch, properties: dict[str, str], batch: int,
+             attempt: int = 0) -> None:
     import pyspark
 
-    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: _Task(properties)))
+    task = _Task({**properties, "streaming.sql.batchId": str(batch)}, attempt)
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: task))
 
 
 def test_a_task_delivers_against_the_checkpoints_the_driver_handed_to_its_batch(
@@ -87,19 +93,54 @@ def test_a_task_delivers_against_the_checkpoints_the_driver_handed_to_its_batch(
     driver = _Driver()
     stored = Checkpoint(sink_id="r", version=7, rewind=2)
     stored.bus_offsets[0] = 1234
-    hand_checkpoints(driver, 41, {"r": stored, "new": None})
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "41"})
-    assert handed_checkpoints() == {"r": stored, "new": None}
+    hand_batch(driver, 41, {"r": stored, "new": None}, {})
+    _in_task(monkeypatch, driver.properties, 41)
+    assert handed_batch().checkpoints == {"r": stored, "new": None}
 
 
 def test_a_task_without_its_batchs_checkpoints_delivers_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     driver = _Driver()
-    hand_checkpoints(driver, 41, {"r": Checkpoint(sink_id="r", version=7)})
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "42"})
+    hand_batch(driver, 41, {"r": Checkpoint(sink_id="r", version=7)}, {})
+    _in_task(monkeypatch, driver.properties, 42)
     with pytest.raises(RuntimeError, match="batch 42 got the checkpoints of batch 41"):
-        handed_checkpoints()
-    take_back_checkpoints(driver)
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "42"})
+        handed_batch()
+    take_back(driver)
+    _in_task(monkeypatch, driver.properties, 42)
     with pytest.raises(RuntimeError, match="got no checkpoints"):
-        handed_checkpoints()
+        handed_batch()
+
+
+def test_a_worker_keeps_a_partitions_state_only_if_it_delivered_its_last_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _Driver()
+    hand_batch(driver, 5, {}, {0: worker_id(), 1: "otherhost/12/ab12cd34"})
+    _in_task(monkeypatch, driver.properties, 5)
+    handoff = handed_batch()
+    assert handoff.continues(0)
+    assert not handoff.continues(1)  # another worker delivered it last: its writer fenced ours
+    assert not handoff.continues(2)  # nobody in this query yet
+    _in_task(monkeypatch, driver.properties, 5, attempt=1)
+    assert not handed_batch().continues(0)  # a retry: the failed attempt may have run elsewhere
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_kafka_sink_drops_only_the_forgotten_partitions_writer() -> None:
+    from tailrace.config import KafkaSinkSpec
+    from tailrace_services.delivery.sinks.kafka import TransactionalKafkaSink
+
+    sink = TransactionalKafkaSink(KafkaSinkSpec(id="k", type="kafka", brokers="127.0.0.1:1",
+                                                topic="t", exactly_once=True), pipeline="p")
+    kept, forgotten = _Writer(), _Writer()
+    sink._writers = {sink._transactional_id(0): kept,  # type: ignore[dict-item]
+                     sink._transactional_id(1): forgotten}
+    sink.forget_partition(1)
+    assert forgotten.closed and not kept.closed
+    assert list(sink._writers) == [sink._transactional_id(0)]

@@ -126,9 +126,11 @@ class Sink(ABC):
         exactly-once sinks; None otherwise."""
         return None
 
-    def end_batch(self) -> None:  # noqa: B027 - optional
-        """After each Spark batch: drop what must not outlive it in this Python worker
-        (the Kafka sink's transactional producers); the connections stay."""
+    def forget_partition(self, partition: int) -> None:  # noqa: B027 - optional
+        """Before delivering bus partition `partition` in a Python worker that did not
+        deliver its last batch: drop what this sink kept of it (the Kafka sink's
+        transactional producer, which the worker that did has fenced since); the
+        connections stay."""
 
     def close(self) -> None:  # noqa: B027 - optional
         pass
