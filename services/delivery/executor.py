@@ -1,61 +1,29 @@
 """What runs inside Spark's Python workers: one task delivers one bus partition's slice.
 
 The task is the bus source's `read()` (`source.BusStreamReader`): it reads its range of the
-bus, delivers it and yields one row, its outcome, which is the micro-batch's data the driver
-collects. The checkpoints it delivers against are the ones the driver read for this batch,
-handed to the batch's tasks as a Spark local property (`hand_batch`), with which Python
-worker delivered each bus partition last: a worker that did keeps what its sinks hold for
-that partition from one batch to the next (a Kafka transactional producer).
+bus, delivers it against what the driver handed to the batch (`handoff.py`) and yields one
+row, its outcome, which is the micro-batch's data the driver collects.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
 import json
-import os
-import socket
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 from tailrace.config import PipelineSpec
 from tailrace.proto.control_pb2 import Checkpoint
+from tailrace_services.delivery.handoff import RESULT_ARROW, BatchHandoff, worker_id
 from tailrace_services.delivery.outbox_cleanup import outbox_cleanup
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
 
-RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of the batch
-    StructField("partition", IntegerType()), StructField("generation", LongType()),
-    StructField("end_offset", LongType()), StructField("epoch_position", BinaryType()),
-    StructField("events", LongType()), StructField("read_ms", DoubleType()),
-    StructField("task_ms", DoubleType()), StructField("outcomes", StringType()),
-    StructField("dead_letters", ArrayType(StructType([
-        StructField("sink_id", StringType()), StructField("event", BinaryType()),
-        StructField("reason", StringType())]))),
-    StructField("worker", StringType()),  # the Python worker that delivered it (worker_id)
-])
-# As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
-_RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
 READ_CHUNK = 4096
-HANDOFF_PROPERTY = "tailrace.batch"
-_BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark on every micro-batch's jobs
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
 # by pipeline, sink id and the sink's settings: a managed pipeline's new spec version gets
@@ -85,11 +53,12 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
     return out
 
 
-def _forget_partition(pipeline: PipelineSpec, partition: int) -> None:
-    """What this worker's sinks kept of `partition` goes (`Sink.forget_partition`)."""
+def _start_partition(pipeline: PipelineSpec, partition: int, kept: bool) -> None:
+    """Tell this worker's sinks whether what they kept of `partition` is still theirs
+    (`Sink.start_partition`)."""
     for (name, _, _), sink in _SINKS.items():
         if name == pipeline.name:
-            sink.forget_partition(partition)
+            sink.start_partition(partition, kept)
 
 
 def _chain(pipeline: PipelineSpec) -> ProcessorChain:
@@ -107,68 +76,6 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def worker_id() -> str:
-    """This Python worker process, unlike any other of the cluster's, before or after it."""
-    global _WORKER
-    if _WORKER is None or _WORKER[0] != os.getpid():  # (a fork has a pid of its own)
-        _WORKER = os.getpid(), f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
-    return _WORKER[1]
-
-
-_WORKER: tuple[int, str] | None = None
-
-
-class BatchHandoff(NamedTuple):
-    """What the driver hands a micro-batch's tasks: the checkpoints to deliver against, and
-    per bus partition the worker that delivered its last batch in this query."""
-
-    checkpoints: dict[str, Checkpoint | None]
-    last_workers: dict[int, str]
-    attempt: int = 0  # of the task (Spark runs a failed task again)
-
-    def continues(self, partition: int) -> bool:
-        """Whether this worker delivered `partition`'s last batch, so that nothing another
-        worker did came in between (a retried task's earlier attempt may have)."""
-        return self.attempt == 0 and self.last_workers.get(partition) == worker_id()
-
-
-def hand_batch(context: Any, batch_id: int, checkpoints: Mapping[str, Checkpoint | None],
-               last_workers: Mapping[int, str]) -> None:
-    """On the driver, before the batch's job: a local property of the thread that runs the
-    batch (Spark sends it with every task of the jobs that thread starts); `take_back`
-    clears it."""
-    context.setLocalProperty(HANDOFF_PROPERTY, json.dumps({
-        "batch": batch_id,
-        "sinks": {k: (base64.b64encode(v.SerializeToString()).decode() if v is not None
-                      else None) for k, v in checkpoints.items()},
-        "workers": {str(p): w for p, w in last_workers.items()}}))
-
-
-def take_back(context: Any) -> None:
-    context.setLocalProperty(HANDOFF_PROPERTY, None)
-
-
-def handed_batch() -> BatchHandoff:
-    """In a task: what the driver handed to this micro-batch. A task without it, or with
-    another batch's, would deliver against checkpoints nobody commits: it fails."""
-    from pyspark import TaskContext
-
-    task = TaskContext.get()
-    handed = task.getLocalProperty(HANDOFF_PROPERTY) if task is not None else None
-    if task is None or handed is None:
-        raise RuntimeError(f"a delivery task got no checkpoints from the driver (Spark local "
-                           f"property {HANDOFF_PROPERTY} unset); it delivers nothing")
-    batch = task.getLocalProperty(_BATCH_ID_PROPERTY)
-    decoded = json.loads(handed)
-    if str(decoded["batch"]) != batch:
-        raise RuntimeError(f"a delivery task of micro-batch {batch} got the checkpoints of "
-                           f"batch {decoded['batch']}; it delivers nothing")
-    return BatchHandoff(
-        {k: (Checkpoint.FromString(base64.b64decode(v)) if v is not None else None)
-         for k, v in decoded["sinks"].items()},
-        {int(p): w for p, w in decoded["workers"].items()}, task.attemptNumber())
-
-
 def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int, start: int,
                   end: int, generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
     """Read the bus partition's offsets [start, end) here and deliver them against the
@@ -178,8 +85,7 @@ def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int,
     (checked before anything is written: a bus that lost its records holds other ones
     at those offsets). The result also says how long the task took, and its bus read
     (the batch log line: what of a batch is Spark's own)."""
-    if not handoff.continues(partition):
-        _forget_partition(pipeline, partition)
+    _start_partition(pipeline, partition, kept=handoff.continues(partition))
     with collector_paused():
         return _deliver_range(pipeline, handoff.checkpoints, partition, start, end,
                               generation, epoch_id)
@@ -241,7 +147,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
                          for s, e, r in result.dead_letters],
         "worker": worker_id(),
-    }], schema=_RESULT_ARROW)
+    }], schema=RESULT_ARROW)
 
 
 def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
