@@ -7,7 +7,7 @@ the end of each batch is the latest epoch, a cut that never splits a
 transaction. One bus partition = one Spark partition = one task. The task is
 `read`: it reads its partition's range of the bus itself (`executor.read_bus_range`),
 delivers it to the sinks (`executor.deliver_range`) and yields one row, the outcome
-(`handoff.RESULT_SCHEMA`), which the driver collects and commits. So the events never
+(`executor.RESULT_SCHEMA`), which the driver collects and commits. So the events never
 pass through the JVM, and a task is one Python worker, which keeps its sinks' clients
 (a Kafka transactional producer among them) from one batch to the next. Before, `read`
 yielded the range and a `mapInArrow` in a second Python worker delivered it: ~80 ms more
@@ -107,7 +107,7 @@ class BusDataSource(DataSource):
         return "tailrace_bus"
 
     def schema(self) -> StructType:
-        from tailrace_services.delivery.handoff import RESULT_SCHEMA
+        from tailrace_services.delivery.executor import RESULT_SCHEMA
 
         return RESULT_SCHEMA
 
@@ -217,16 +217,15 @@ class BusStreamReader(DataSourceStreamReader):
                 for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The task: deliver the partition's range against what the driver handed to this
-        batch (`handoff.handed_batch`), and yield the outcome (module docstring)."""
+        """The task: deliver the partition's range against the checkpoints the driver handed
+        to this batch, and yield the outcome (module docstring)."""
         # Imported here: the planner process, which never reads, need not load the sinks.
         from tailrace.logs import setup_from_env
-        from tailrace_services.delivery.executor import deliver_range
-        from tailrace_services.delivery.handoff import handed_batch
+        from tailrace_services.delivery.executor import deliver_range, handed_checkpoints
 
         assert isinstance(partition, BusPartition)
         setup_from_env("delivery")  # a Spark Python worker: log as the service does
-        yield deliver_range(self.pipeline, handed_batch(), partition.partition,
+        yield deliver_range(self.pipeline, handed_checkpoints(), partition.partition,
                             partition.start, partition.end, partition.generation,
                             partition.epoch_id)
 

@@ -61,9 +61,6 @@ DeliveryErrors = dict[int, KafkaError]
 # at 20.
 RECONNECT_BACKOFF_MS = 20
 CHECKPOINT_TAIL = 256  # records read first from the checkpoint topic's end (`read_checkpoint`)
-# A writer kept across batches reads its checkpoint back this often (a new one always does):
-# a topic that lost acknowledged transactions is found (`exactly_once.SinkLostWrites`).
-CHECKPOINT_RECHECK_S = 10.0
 DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
 _SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at
 
@@ -183,18 +180,8 @@ class TransactionalWriter:
         self._producer: Producer | None = new_client(Producer, {
             **producer, "transactional.id": transactional_id, "error_cb": self.reach.on_error})
         self.reach.wait(self._producer, self._producer.init_transactions, timeout_s)
-        self._client = client
-        self.kept = False  # kept from an earlier batch (`TransactionalKafkaSink.start_partition`)
-        self.stored: Position | None = None
-        self.read_at = 0.0
-        self.read_stored()
-
-    def read_stored(self) -> None:
-        """`stored` as the checkpoint topic holds it now (after `init_transactions`: the
-        last transaction of ours, committed or not, is settled)."""
-        self.stored = read_checkpoint(self._client, self.checkpoint_topic, self.checkpoint_key,
-                                      self.timeout_s)
-        self.read_at = time.monotonic()
+        self.stored: Position | None = read_checkpoint(
+            client, checkpoint_topic, self.checkpoint_key, timeout_s)
 
     def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
               errors: DeliveryErrors) -> None:
