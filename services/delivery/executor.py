@@ -17,17 +17,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 from tailrace.config import PipelineSpec
 from tailrace.proto.control_pb2 import Checkpoint
@@ -35,18 +24,8 @@ from tailrace_services.delivery.outbox_cleanup import outbox_cleanup
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
+from tailrace_services.delivery.source import RESULT_ARROW
 
-RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of the batch
-    StructField("partition", IntegerType()), StructField("generation", LongType()),
-    StructField("end_offset", LongType()), StructField("epoch_position", BinaryType()),
-    StructField("events", LongType()), StructField("read_ms", DoubleType()),
-    StructField("task_ms", DoubleType()), StructField("outcomes", StringType()),
-    StructField("dead_letters", ArrayType(StructType([
-        StructField("sink_id", StringType()), StructField("event", BinaryType()),
-        StructField("reason", StringType())]))),
-])
-# As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
-_RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
 READ_CHUNK = 4096
 CHECKPOINTS_PROPERTY = "tailrace.checkpoints"
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark on every micro-batch's jobs
@@ -206,7 +185,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                                 for o in result.outcomes]),
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
                          for s, e, r in result.dead_letters],
-    }], schema=_RESULT_ARROW)
+    }], schema=RESULT_ARROW)
 
 
 def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,

@@ -7,9 +7,8 @@ the end of each batch is the latest epoch, a cut that never splits a
 transaction. One bus partition = one Spark partition = one task. The task is
 `read`: it reads its partition's range of the bus itself (`executor.read_bus_range`),
 delivers it to the sinks (`executor.deliver_range`) and yields one row, the outcome
-(`executor.RESULT_SCHEMA`), which the driver collects and commits. So the events never
-pass through the JVM, and a task is one Python worker, which keeps its sinks' clients
-(a Kafka transactional producer among them) from one batch to the next. Before, `read`
+(`RESULT_SCHEMA`), which the driver collects and commits. So the events never pass
+through the JVM, and a task is one Python worker. Before, `read`
 yielded the range and a `mapInArrow` in a second Python worker delivered it: ~80 ms more
 per micro-batch, and the two workers took turns (docs/performance.md).
 
@@ -25,7 +24,17 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from tailrace.bus_generation import offsets_done
 from tailrace.config import PipelineSpec
@@ -47,6 +56,18 @@ class BusReplaced(RetryableError):
     """The bus lost its records and capture republished onto a new generation: the query
     starts again from the sinks' checkpoints (`initialOffset`)."""
 
+
+RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of the batch
+    StructField("partition", IntegerType()), StructField("generation", LongType()),
+    StructField("end_offset", LongType()), StructField("epoch_position", BinaryType()),
+    StructField("events", LongType()), StructField("read_ms", DoubleType()),
+    StructField("task_ms", DoubleType()), StructField("outcomes", StringType()),
+    StructField("dead_letters", ArrayType(StructType([
+        StructField("sink_id", StringType()), StructField("event", BinaryType()),
+        StructField("reason", StringType())]))),
+])
+# As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
+RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
 
 BUS_PREFIX = "bus."
 
@@ -107,8 +128,6 @@ class BusDataSource(DataSource):
         return "tailrace_bus"
 
     def schema(self) -> StructType:
-        from tailrace_services.delivery.executor import RESULT_SCHEMA
-
         return RESULT_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
