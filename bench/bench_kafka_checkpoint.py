@@ -44,7 +44,7 @@ def main() -> None:
                                          position=Position(tx_seq=written), partition=0), {})
             times = []
             for _ in range(5):
-                sink.end_batch()  # as after every batch: the next read makes a new writer
+                sink.start_partition(0, kept=False)  # a worker new to the partition: a new writer
                 started = time.monotonic()
                 stored = sink.read_checkpoint("p", 0, 0)
                 times.append(time.monotonic() - started)

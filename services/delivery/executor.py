@@ -1,34 +1,29 @@
 """What runs inside Spark's Python workers: one task delivers one bus partition's slice.
 
 The task is the bus source's `read()` (`source.BusStreamReader`): it reads its range of the
-bus, delivers it and yields one row, its outcome, which is the micro-batch's data the driver
-collects. The checkpoints it delivers against are the ones the driver read for this batch,
-handed to the batch's tasks as a Spark local property (`hand_checkpoints`).
+bus, delivers it against what the driver handed to the batch (`handoff.py`) and yields one
+row, its outcome, which is the micro-batch's data the driver collects.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
 from tailrace.config import PipelineSpec
 from tailrace.proto.control_pb2 import Checkpoint
+from tailrace_services.delivery.handoff import RESULT_ARROW, BatchHandoff, worker_id
 from tailrace_services.delivery.outbox_cleanup import outbox_cleanup
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
-from tailrace_services.delivery.source import RESULT_ARROW
 
 READ_CHUNK = 4096
-CHECKPOINTS_PROPERTY = "tailrace.checkpoints"
-_BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark on every micro-batch's jobs
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
 # by pipeline, sink id and the sink's settings: a managed pipeline's new spec version gets
@@ -58,11 +53,12 @@ def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
     return out
 
 
-def _end_batch(pipeline: PipelineSpec) -> None:
-    """What must not outlive a batch in this worker goes (`Sink.end_batch`)."""
+def _start_partition(pipeline: PipelineSpec, partition: int, kept: bool) -> None:
+    """Tell this worker's sinks whether what they kept of `partition` is still theirs
+    (`Sink.start_partition`)."""
     for (name, _, _), sink in _SINKS.items():
         if name == pipeline.name:
-            sink.end_batch()
+            sink.start_partition(partition, kept)
 
 
 def _chain(pipeline: PipelineSpec) -> ProcessorChain:
@@ -80,52 +76,19 @@ def close_sinks(pipeline_name: str) -> None:
         _SINKS.pop(key).close()
 
 
-def hand_checkpoints(context: Any, batch_id: int,
-                     checkpoints: Mapping[str, Checkpoint | None]) -> None:
-    """On the driver, before the batch's job: the checkpoints its tasks deliver against, as a
-    local property of the thread that runs the batch (Spark sends it with every task of the
-    jobs that thread starts); `None` takes it back."""
-    context.setLocalProperty(CHECKPOINTS_PROPERTY, json.dumps({
-        "batch": batch_id,
-        "sinks": {k: (base64.b64encode(v.SerializeToString()).decode() if v is not None
-                      else None) for k, v in checkpoints.items()}}))
-
-
-def take_back_checkpoints(context: Any) -> None:
-    context.setLocalProperty(CHECKPOINTS_PROPERTY, None)
-
-
-def handed_checkpoints() -> dict[str, Checkpoint | None]:
-    """In a task: the checkpoints the driver handed to this micro-batch. A task without them,
-    or with another batch's, would deliver against checkpoints nobody commits: it fails."""
-    from pyspark import TaskContext
-
-    task = TaskContext.get()
-    handed = task.getLocalProperty(CHECKPOINTS_PROPERTY) if task is not None else None
-    batch = task.getLocalProperty(_BATCH_ID_PROPERTY) if task is not None else None
-    if handed is None:
-        raise RuntimeError(f"a delivery task got no checkpoints from the driver (Spark local "
-                           f"property {CHECKPOINTS_PROPERTY} unset); it delivers nothing")
-    decoded = json.loads(handed)
-    if str(decoded["batch"]) != batch:
-        raise RuntimeError(f"a delivery task of micro-batch {batch} got the checkpoints of "
-                           f"batch {decoded['batch']}; it delivers nothing")
-    return {k: (Checkpoint.FromString(base64.b64decode(v)) if v is not None else None)
-            for k, v in decoded["sinks"].items()}
-
-
-def deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | None],
-                  partition: int, start: int, end: int,
-                  generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
-    """Read the bus partition's offsets [start, end) here and deliver them; `generation`:
+def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int, start: int,
+                  end: int, generation: int = 0, epoch_id: int = 0) -> pa.RecordBatch:
+    """Read the bus partition's offsets [start, end) here and deliver them against the
+    `handoff`'s checkpoints; `generation`:
     the bus generation the offsets are of (`tailrace.bus_generation`), handed back with
     the result for the checkpoint; `epoch_id`: the epoch whose marker the range ends with
     (checked before anything is written: a bus that lost its records holds other ones
     at those offsets). The result also says how long the task took, and its bus read
     (the batch log line: what of a batch is Spark's own)."""
+    _start_partition(pipeline, partition, kept=handoff.continues(partition))
     with collector_paused():
-        return _deliver_range(pipeline, checkpoints, partition, start, end, generation,
-                              epoch_id)
+        return _deliver_range(pipeline, handoff.checkpoints, partition, start, end,
+                              generation, epoch_id)
 
 
 @contextlib.contextmanager
@@ -170,8 +133,6 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         raise
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
-    else:
-        _end_batch(pipeline)
     return pa.RecordBatch.from_pylist([{
         "partition": result.partition,
         "generation": generation,
@@ -185,6 +146,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                                 for o in result.outcomes]),
         "dead_letters": [{"sink_id": s, "event": e.SerializeToString(), "reason": r}
                          for s, e, r in result.dead_letters],
+        "worker": worker_id(),
     }], schema=RESULT_ARROW)
 
 

@@ -122,8 +122,10 @@ def _dead_letters_again(sink: Sink, batches: Sequence[Sequence[ChangeEvent]],
 def _open(sink: Sink, partition: int, rewind: int = 0) -> Position | None:
     """Open once per worker (connect, check the destination), then read its stored checkpoint.
 
-    Read on every slice, not cached: Spark may run the previous batch of this partition in
-    another Python worker, which may have written past what this worker last saw."""
+    Asked on every slice: Spark may run the previous batch of this partition in another
+    Python worker, which may have written past what this worker last saw. (The Kafka sink
+    answers from memory while this worker delivered the partition's last batch:
+    `handoff.BatchHandoff`.)"""
     if not getattr(sink, "_opened", False):
         sink.open()
         sink._opened = True

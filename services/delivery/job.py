@@ -6,7 +6,7 @@ owns it; an older instance is fenced and stops). Per micro-batch (`foreachBatch`
 in this order:
 0. check this instance still owns the pipeline and it is not paused;
 1. read every sink's checkpoint (position + version) from the control service;
-2. hand those checkpoints to the batch's tasks (`executor.hand_checkpoints`) and ONE
+2. hand those checkpoints to the batch's tasks (`handoff.handing`) and ONE
    `collect()` of the batch: each task is the bus source's read (source.py), which
    reads its partition's slice, runs the processors, writes it to every sink (skipping
    what a sink already has) and yields each sink's outcome;
@@ -64,7 +64,7 @@ from tailrace_services.delivery import metrics
 from tailrace_services.delivery.buswatch import BusWatch
 from tailrace_services.delivery.cluster import class_archive
 from tailrace_services.delivery.committer import BatchCommitter, BatchReport
-from tailrace_services.delivery.executor import hand_checkpoints, take_back_checkpoints
+from tailrace_services.delivery.handoff import handing
 from tailrace_services.delivery.health import PipelineHealth
 from tailrace_services.delivery.source import BusDataSource, bus_options, control_options
 from tailrace_services.delivery.sparklog import spark_log4j_config
@@ -168,6 +168,9 @@ class DeliveryJob:
         self.events_delivered = 0
         self.restart_reason = ""
         self.in_batch = False  # the driver waits for a batch in flight before stopping
+        # per bus partition, the Python worker that delivered its last batch in this query
+        # (`handoff.BatchHandoff`); a new query starts without
+        self.last_workers: dict[int, str] = {}
         self._lag_at = -LAG_EVERY_S
 
     def process_batch(self, df: Any, batch_id: int) -> None:
@@ -189,12 +192,11 @@ class DeliveryJob:
             self.restart_reason = "paused"
             return
         before = self.committer.read({s.id for s in info.sinks if s.HasField("detached")})
-        context = df.sparkSession.sparkContext
-        hand_checkpoints(context, batch_id, before)
-        try:
+        last_workers, self.last_workers = self.last_workers, {}  # unknown if collect fails
+        with handing(df.sparkSession.sparkContext, batch_id, before, last_workers):
             rows = df.collect()
-        finally:
-            take_back_checkpoints(context)
+        # a partition without a task in this batch was touched by no worker
+        self.last_workers = {**last_workers, **{row.partition: row.worker for row in rows}}
         delivered_at = time.monotonic()
         report = self.committer.summarize(rows)
         report.dead_letters = self.committer.dead_letter(rows)
@@ -373,6 +375,7 @@ def _queries(job: DeliveryJob, spark: Any, master: str, should_stop: Callable[[]
         checkpoint_dir = tempfile.mkdtemp(prefix="tailrace-spark-")
         try:
             spark.dataSource.register(BusDataSource.for_pipeline(pipeline))
+            job.last_workers = {}
             stream = (spark.readStream.format("tailrace_bus")
                       .option("brokers", bus.brokers).option("topic", pipeline.bus_topic)
                       .option("partitions", str(bus.partitions))

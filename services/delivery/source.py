@@ -7,8 +7,9 @@ the end of each batch is the latest epoch, a cut that never splits a
 transaction. One bus partition = one Spark partition = one task. The task is
 `read`: it reads its partition's range of the bus itself (`executor.read_bus_range`),
 delivers it to the sinks (`executor.deliver_range`) and yields one row, the outcome
-(`RESULT_SCHEMA`), which the driver collects and commits. So the events never pass
-through the JVM, and a task is one Python worker. Before, `read`
+(`handoff.RESULT_SCHEMA`), which the driver collects and commits. So the events never
+pass through the JVM, and a task is one Python worker, which keeps its sinks' clients
+(a Kafka transactional producer among them) from one batch to the next. Before, `read`
 yielded the range and a `mapInArrow` in a second Python worker delivered it: ~80 ms more
 per micro-batch, and the two workers took turns (docs/performance.md).
 
@@ -24,21 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StructType
 
 from tailrace.bus_generation import offsets_done
 from tailrace.config import PipelineSpec
 from tailrace.errors import RetryableError
+from tailrace_services.delivery.handoff import RESULT_SCHEMA
 
 GENERATION = "generation"  # the offsets' bus generation, beside the partitions' offsets
 EPOCH = "epoch"  # the epoch whose markers end the planned ranges (0: none planned)
@@ -56,18 +48,6 @@ class BusReplaced(RetryableError):
     """The bus lost its records and capture republished onto a new generation: the query
     starts again from the sinks' checkpoints (`initialOffset`)."""
 
-
-RESULT_SCHEMA = StructType([  # a task's outcome: one row per bus partition of the batch
-    StructField("partition", IntegerType()), StructField("generation", LongType()),
-    StructField("end_offset", LongType()), StructField("epoch_position", BinaryType()),
-    StructField("events", LongType()), StructField("read_ms", DoubleType()),
-    StructField("task_ms", DoubleType()), StructField("outcomes", StringType()),
-    StructField("dead_letters", ArrayType(StructType([
-        StructField("sink_id", StringType()), StructField("event", BinaryType()),
-        StructField("reason", StringType())]))),
-])
-# As Spark converts RESULT_SCHEMA: it refuses a batch whose Arrow schema differs in any way.
-RESULT_ARROW = to_arrow_schema(RESULT_SCHEMA, timezone="UTC")
 
 BUS_PREFIX = "bus."
 
@@ -236,15 +216,16 @@ class BusStreamReader(DataSourceStreamReader):
                 for p in range(self.num_partitions) if e.get(p, 0) > s.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The task: deliver the partition's range against the checkpoints the driver handed
-        to this batch, and yield the outcome (module docstring)."""
+        """The task: deliver the partition's range against what the driver handed to this
+        batch (`handoff.handed_batch`), and yield the outcome (module docstring)."""
         # Imported here: the planner process, which never reads, need not load the sinks.
         from tailrace.logs import setup_from_env
-        from tailrace_services.delivery.executor import deliver_range, handed_checkpoints
+        from tailrace_services.delivery.executor import deliver_range
+        from tailrace_services.delivery.handoff import handed_batch
 
         assert isinstance(partition, BusPartition)
         setup_from_env("delivery")  # a Spark Python worker: log as the service does
-        yield deliver_range(self.pipeline, handed_checkpoints(), partition.partition,
+        yield deliver_range(self.pipeline, handed_batch(), partition.partition,
                             partition.start, partition.end, partition.generation,
                             partition.epoch_id)
 

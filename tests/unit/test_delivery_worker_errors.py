@@ -4,17 +4,14 @@ worker's task leaves as it found it, and the checkpoints the driver hands to a b
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 
 from tailrace.errors import FatalError
 from tailrace.proto.control_pb2 import Checkpoint
-from tailrace_services.delivery.executor import (
-    collector_paused,
-    hand_checkpoints,
-    handed_checkpoints,
-    take_back_checkpoints,
-)
+from tailrace_services.delivery.executor import collector_paused
+from tailrace_services.delivery.handoff import handed_batch, handing, worker_id
 from tailrace_services.delivery.job import _raised
 
 TRACEBACK = """org.apache.spark.api.python.PythonException: Traceback (most recent call last):
@@ -69,17 +66,22 @@ class _Driver:
 
 
 class _Task:
-    def __init__(self, properties: dict[str, str]) -> None:
-        self.properties = properties
+    def __init__(self, properties: dict[str, str], attempt: int) -> None:
+        self.properties, self.attempt = properties, attempt
 
     def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 - Spark's name
         return self.properties.get(key)
 
+    def attemptNumber(self) -> int:  # noqa: N802 - Spark's name
+        return self.attempt
 
-def _in_task(monkeypatch: pytest.MonkeyPatch, properties: dict[str, str]) -> None:
+
+def _in_task(monkeypatch: pytest.MonkeyPatch, properties: dict[str, str], batch: int,
+             attempt: int = 0) -> None:
     import pyspark
 
-    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: _Task(properties)))
+    task = _Task({**properties, "streaming.sql.batchId": str(batch)}, attempt)
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: task))
 
 
 def test_a_task_delivers_against_the_checkpoints_the_driver_handed_to_its_batch(
@@ -87,19 +89,96 @@ def test_a_task_delivers_against_the_checkpoints_the_driver_handed_to_its_batch(
     driver = _Driver()
     stored = Checkpoint(sink_id="r", version=7, rewind=2)
     stored.bus_offsets[0] = 1234
-    hand_checkpoints(driver, 41, {"r": stored, "new": None})
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "41"})
-    assert handed_checkpoints() == {"r": stored, "new": None}
+    with handing(driver, 41, {"r": stored, "new": None}, {}):
+        _in_task(monkeypatch, driver.properties, 41)
+        assert handed_batch().checkpoints == {"r": stored, "new": None}
+    assert driver.properties == {}  # a later job of the driver's thread carries nothing
 
 
 def test_a_task_without_its_batchs_checkpoints_delivers_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     driver = _Driver()
-    hand_checkpoints(driver, 41, {"r": Checkpoint(sink_id="r", version=7)})
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "42"})
-    with pytest.raises(RuntimeError, match="batch 42 got the checkpoints of batch 41"):
-        handed_checkpoints()
-    take_back_checkpoints(driver)
-    _in_task(monkeypatch, {**driver.properties, "streaming.sql.batchId": "42"})
+    with handing(driver, 41, {"r": Checkpoint(sink_id="r", version=7)}, {}):
+        _in_task(monkeypatch, driver.properties, 42)
+        with pytest.raises(RuntimeError, match="batch 42 got the checkpoints of batch 41"):
+            handed_batch()
+    _in_task(monkeypatch, driver.properties, 42)
     with pytest.raises(RuntimeError, match="got no checkpoints"):
-        handed_checkpoints()
+        handed_batch()
+
+
+def test_a_worker_keeps_a_partitions_state_only_if_it_delivered_its_last_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _Driver()
+    with handing(driver, 5, {}, {0: worker_id(), 1: "otherhost/12/ab12cd34"}):
+        _in_task(monkeypatch, driver.properties, 5)
+        handoff = handed_batch()
+        assert handoff.continues(0)
+        assert not handoff.continues(1)  # another worker delivered it last: it fenced ours
+        assert not handoff.continues(2)  # nobody in this query yet
+        _in_task(monkeypatch, driver.properties, 5, attempt=1)
+        assert not handed_batch().continues(0)  # a retry: the failed attempt may have run
+
+
+class _Writer:
+    def __init__(self, kept: bool = False) -> None:
+        self.closed, self.kept = False, kept
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _kafka_sink() -> Any:
+    from tailrace.config import KafkaSinkSpec
+    from tailrace_services.delivery.sinks.kafka import TransactionalKafkaSink
+
+    return TransactionalKafkaSink(KafkaSinkSpec(id="k", type="kafka", brokers="127.0.0.1:1",
+                                                topic="t", exactly_once=True), pipeline="p")
+
+
+def test_the_kafka_sink_keeps_a_partitions_writer_only_while_the_worker_continues_it() -> None:
+    sink = _kafka_sink()
+    kept, dropped = _Writer(), _Writer()
+    sink._writers = {sink._transactional_id(0): kept, sink._transactional_id(1): dropped}
+    sink.start_partition(0, kept=True)
+    sink.start_partition(1, kept=False)
+    assert kept.kept and not kept.closed
+    assert dropped.closed
+    assert list(sink._writers) == [sink._transactional_id(0)]
+
+
+def test_a_kept_writer_fenced_since_is_retried_with_a_new_one_and_a_new_one_fenced_stops() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tailrace.errors import RetryableError
+    from tailrace_services.delivery.sinks.base import BatchCommit
+    from tailrace_services.delivery.sinks.kafka import ProducerFencedError
+
+    sink = _kafka_sink()
+    commit = BatchCommit(pipeline="p", source_id="s", sink_id="k", position=None, partition=0)
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    sink._writers = {sink._transactional_id(0): _Writer(kept=True)}
+    assert isinstance(sink.write_failed(fenced, commit), RetryableError)
+    assert sink._writers == {}  # the retry makes a new writer, which fences the other
+    sink._writers = {sink._transactional_id(0): _Writer(kept=False)}
+    assert isinstance(sink.write_failed(fenced, commit), ProducerFencedError)
+
+
+def test_a_kept_writer_that_failed_fatally_is_retried_with_a_new_one_and_a_new_one_stops() -> None:
+    """A broker that lost its producer state answers a kept producer with a fatal sequence
+    error: the new writer's checkpoint read then finds what the broker lost."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tailrace.errors import FatalError, RetryableError
+    from tailrace_services.delivery.sinks.base import BatchCommit
+
+    sink = _kafka_sink()
+    commit = BatchCommit(pipeline="p", source_id="s", sink_id="k", position=None, partition=0)
+    desync = KafkaException(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                       "sequence desynchronization", fatal=True))
+    sink._writers = {sink._transactional_id(0): _Writer(kept=True)}
+    assert isinstance(sink.write_failed(desync, commit), RetryableError)
+    assert sink._writers == {}
+    sink._writers = {sink._transactional_id(0): _Writer(kept=False)}
+    failure = sink.write_failed(desync, commit)
+    assert isinstance(failure, FatalError) and not isinstance(failure, RetryableError)

@@ -61,6 +61,9 @@ DeliveryErrors = dict[int, KafkaError]
 # at 20.
 RECONNECT_BACKOFF_MS = 20
 CHECKPOINT_TAIL = 256  # records read first from the checkpoint topic's end (`read_checkpoint`)
+# A writer kept across batches reads its checkpoint back this often (a new one always does):
+# a topic that lost acknowledged transactions is found (`exactly_once.SinkLostWrites`).
+CHECKPOINT_RECHECK_S = 10.0
 DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
 _SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at
 
@@ -180,8 +183,18 @@ class TransactionalWriter:
         self._producer: Producer | None = new_client(Producer, {
             **producer, "transactional.id": transactional_id, "error_cb": self.reach.on_error})
         self.reach.wait(self._producer, self._producer.init_transactions, timeout_s)
-        self.stored: Position | None = read_checkpoint(
-            client, checkpoint_topic, self.checkpoint_key, timeout_s)
+        self._client = client
+        self.kept = False  # kept from an earlier batch (`TransactionalKafkaSink.start_partition`)
+        self.stored: Position | None = None
+        self.read_at = 0.0
+        self.read_stored()
+
+    def read_stored(self) -> None:
+        """`stored` as the checkpoint topic holds it now (after `init_transactions`: the
+        last transaction of ours, committed or not, is settled)."""
+        self.stored = read_checkpoint(self._client, self.checkpoint_topic, self.checkpoint_key,
+                                      self.timeout_s)
+        self.read_at = time.monotonic()
 
     def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
               errors: DeliveryErrors) -> None:
@@ -189,6 +202,15 @@ class TransactionalWriter:
         errors are reported under in `errors`) and, with a `commit`, the checkpoint record."""
         producer = self._live()
         deadline = time.monotonic() + self.timeout_s
+        if self.kept:
+            producer.poll(0)  # serves error_cb: did the brokers go away since the last batch?
+            if self.reach.down_since is not None:
+                # Not a word into a broker that is away: what this producer queued would go
+                # out once it is back, into a transaction nobody ends (a new writer is
+                # made instead, whose init_transactions waits for the broker).
+                raise KafkaException(KafkaError(
+                    KafkaError._ALL_BROKERS_DOWN,
+                    f"the brokers went away since the last batch ({self.reach.error})"))
         producer.begin_transaction()
         produce_all(producer, messages, errors, deadline)
         if commit is not None:  # after a batch that filled the local queue, it waits too
@@ -215,7 +237,12 @@ class TransactionalWriter:
         if producer is None:
             return
         # Nothing open, fenced, or the broker is away: the next init_transactions settles it.
+        # What it still holds is purged first: a client kept alive by a traceback would
+        # otherwise send it once the broker is back, after the next writer's
+        # init_transactions, into a transaction that nobody ends and that holds every
+        # read_committed reader of the checkpoint topic.
         with contextlib.suppress(KafkaException):
+            producer.purge(in_queue=True, in_flight=True)
             producer.abort_transaction(min(self.timeout_s, 2.0))
 
 

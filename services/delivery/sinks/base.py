@@ -126,9 +126,12 @@ class Sink(ABC):
         exactly-once sinks; None otherwise."""
         return None
 
-    def end_batch(self) -> None:  # noqa: B027 - optional
-        """After each Spark batch: drop what must not outlive it in this Python worker
-        (the Kafka sink's transactional producers); the connections stay."""
+    def start_partition(self, partition: int, kept: bool) -> None:  # noqa: B027 - optional
+        """Before a batch of bus partition `partition` in this Python worker. `kept`: this
+        worker delivered the partition's last batch in this query, and nothing came in
+        between (`handoff.BatchHandoff.continues`); else another worker or attempt may have
+        written it since, and what this sink kept of it (the Kafka sink's transactional
+        producer) goes. The connections stay."""
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

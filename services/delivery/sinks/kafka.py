@@ -58,6 +58,7 @@ from tailrace_services.delivery.sinks._kafka_errors import (
     new_client,
 )
 from tailrace_services.delivery.sinks._kafka_tx import (
+    CHECKPOINT_RECHECK_S,
     DOWN_S,
     RECONNECT_BACKOFF_MS,
     BrokerReach,
@@ -358,19 +359,24 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
                 raise
         log.info("checkpoint topic created", sink=self.id, topic=self.checkpoint_topic)
 
-    def end_batch(self) -> None:
-        """Spark may run this partition's next batch in another Python worker; two cached
-        producers with one transactional.id would fence each other. So a writer lives for
-        one batch: the next one starts with `init_transactions` (fencing any older one) and
-        reads the committed checkpoint again (~30 ms on the test broker; a writer kept
-        across batches was tried and lost: Spark gives the batches to its idle workers in
-        turn, so a kept writer was nearly always fenced by the other worker's)."""
+    def start_partition(self, partition: int, kept: bool) -> None:
+        """A writer lives from one batch of its bus partition to the next while this worker
+        delivers them: no `init_transactions` (~15-500 ms on the test broker) and no
+        checkpoint read a batch. Not `kept`, its partition's last batch ran in another
+        worker or attempt, whose writer fenced ours: it goes, and the next write starts
+        again with `init_transactions` and the committed checkpoint."""
+        tid = self._transactional_id(partition)
+        if not kept:
+            writer = self._writers.pop(tid, None)
+            if writer is not None:
+                writer.close()
+        elif tid in self._writers:
+            self._writers[tid].kept = True
+
+    def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
-
-    def close(self) -> None:
-        self.end_batch()
         super().close()
 
     # -- writing (exactly_once.ExactlyOnceSink) -----------------------------------------
@@ -396,13 +402,29 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         dropped = self._writers.pop(writer_id, None)
         if dropped is not None:
             dropped.close()  # the next write starts from the committed checkpoint
-        return self._write_error(error, self._errors, writer_id)
+        failure = self._write_error(error, self._errors, writer_id)
+        if dropped is not None and dropped.kept and not isinstance(failure, PerEventError):
+            # A writer from an earlier batch is tried again as a new one, which starts with
+            # init_transactions and the committed checkpoint, whatever stopped it:
+            # - fenced since, by a delivery instance that lost the pipeline and still
+            #   finishes a batch (the control service refuses its commit), or by one that
+            #   took it over from us (it refuses ours); which, the control service decides;
+            # - a fatal error, such as a sequence desynchronization from a broker that lost
+            #   its producer state: the new writer's checkpoint read finds what it lost
+            #   (`exactly_once.SinkLostWrites`) instead of the error hiding it.
+            # A new writer's failure is the sink's own answer (a fenced one stops).
+            return RetryableError(f"kafka sink {self.id}: the producer kept from the last "
+                                  f"batch failed ({failure}); writing with a new one")
+        return failure
 
     def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
         """The checkpoint of the last committed transaction."""
         self.open()
         try:
-            return self._writer(partition, rewind).stored
+            writer = self._writer(partition, rewind)
+            if time.monotonic() - writer.read_at >= CHECKPOINT_RECHECK_S:
+                writer.read_stored()  # a kept writer's memory cannot see a topic that lost it
+            return writer.stored
         except Exception as e:
             self._writers.pop(self._transactional_id(partition), None)
             failure = self._write_error(e, {}, self._transactional_id(partition))
