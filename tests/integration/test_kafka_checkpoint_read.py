@@ -63,3 +63,35 @@ def test_the_latest_committed_record_of_a_key_is_found_however_far_back_it_lies(
     assert read(b"early") == 1, "found at the topic's start"
     assert read(b"gone") is None, "the latest record of the key is a tombstone"
     assert read(b"never") is None, "a key the topic does not hold"
+
+
+def test_a_kept_writer_sees_that_the_checkpoint_topic_lost_its_last_record(
+        noida_kafka: Any) -> None:
+    """A writer kept across batches knows its stored checkpoint from memory; a topic that
+    lost its records (its broker came back empty) shows in its high watermark."""
+    from confluent_kafka.admin import AdminClient
+
+    from tailrace_services.delivery.sinks._kafka_tx import TransactionalWriter
+    from tailrace_services.delivery.sinks.base import BatchCommit
+
+    brokers = noida_kafka.bootstrap
+    topic = f"ckpt-{uuid.uuid4().hex[:8]}"
+    noida_kafka.create_topic(topic, config={"cleanup.policy": "compact"})
+    client = {"bootstrap.servers": brokers}
+    writer = TransactionalWriter(client, {**client, "enable.idempotence": True, "acks": "all"},
+                                 f"t-{topic}", topic, "p/k/0", 30)
+    try:
+        assert writer.stored is None and writer.holds_last()  # nothing written yet
+        for n in (5, 6):
+            writer.write([], BatchCommit(pipeline="p", source_id="s", sink_id="k",
+                                         position=Position(tx_seq=n), partition=0), {})
+        assert writer.stored is not None and writer.stored.tx_seq == 6
+        assert writer.holds_last()
+        admin = AdminClient(client)
+        admin.delete_topics([topic], operation_timeout=10)[topic].result(15)
+        noida_kafka.create_topic(topic, config={"cleanup.policy": "compact"})
+        assert not writer.holds_last(), "the topic lost the writer's last record"
+        writer.read_stored()
+        assert writer.stored is None, "read back, the lost checkpoint is gone"
+    finally:
+        writer.close()

@@ -147,10 +147,13 @@ def test_the_kafka_sink_keeps_a_partitions_writer_only_while_the_worker_continue
     assert list(sink._writers) == [sink._transactional_id(0)]
 
 
-def test_a_kept_writer_fenced_since_is_retried_with_a_new_one_and_a_new_one_fenced_stops() -> None:
+def test_a_kept_writer_fenced_since_gives_the_batch_up_and_a_new_one_fenced_stops() -> None:
+    """Fenced since its last batch, by another delivery instance: a new writer now would
+    fence that one's in turn, and which owns the pipeline the driver asks the control
+    service before the next batch. So the batch is given up, not retried in the task."""
     from confluent_kafka import KafkaError, KafkaException
 
-    from tailrace.errors import RetryableError
+    from tailrace.errors import NonRetryableError
     from tailrace_services.delivery.sinks.base import BatchCommit
     from tailrace_services.delivery.sinks.kafka import ProducerFencedError
 
@@ -158,8 +161,10 @@ def test_a_kept_writer_fenced_since_is_retried_with_a_new_one_and_a_new_one_fenc
     commit = BatchCommit(pipeline="p", source_id="s", sink_id="k", position=None, partition=0)
     fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
     sink._writers = {sink._transactional_id(0): _Writer(kept=True)}
-    assert isinstance(sink.write_failed(fenced, commit), RetryableError)
-    assert sink._writers == {}  # the retry makes a new writer, which fences the other
+    failure = sink.write_failed(fenced, commit)
+    assert isinstance(failure, NonRetryableError), failure
+    assert "given up" in str(failure)
+    assert sink._writers == {}  # the next batch's writer is new
     sink._writers = {sink._transactional_id(0): _Writer(kept=False)}
     assert isinstance(sink.write_failed(fenced, commit), ProducerFencedError)
 
@@ -182,3 +187,34 @@ def test_a_kept_writer_that_failed_fatally_is_retried_with_a_new_one_and_a_new_o
     sink._writers = {sink._transactional_id(0): _Writer(kept=False)}
     failure = sink.write_failed(desync, commit)
     assert isinstance(failure, FatalError) and not isinstance(failure, RetryableError)
+
+
+def test_a_kept_writer_reads_its_checkpoint_back_when_the_topic_lost_its_last_record() -> None:
+    import time
+
+    from tailrace_services.delivery.sinks._common import checkpoint_name
+
+    sink = _kafka_sink()
+    sink._checked = True  # no broker here: open() has nothing to do
+
+    class Kept(_Writer):
+        def __init__(self, holds: bool) -> None:
+            super().__init__(kept=True)
+            self.checkpoint_key = checkpoint_name("p", "k", 0, sep="/", rewind=0).encode()
+            self.stored, self.read_at, self.checked = "remembered", time.monotonic(), True
+            self.holds, self.reads = holds, 0
+
+        def holds_last(self) -> bool:
+            return self.holds
+
+        def read_stored(self) -> None:
+            self.reads += 1
+            self.stored = "read back"
+
+    for holds, expected in ((True, "remembered"), (False, "read back")):
+        writer = Kept(holds)
+        sink._writers = {sink._transactional_id(0): writer}
+        sink.start_partition(0, kept=True)  # a new batch: checked against the topic once
+        assert sink.read_checkpoint("p", 0, 0) == expected
+        assert sink.read_checkpoint("p", 0, 0) == expected
+        assert writer.reads == (0 if holds else 1)

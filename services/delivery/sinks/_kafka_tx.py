@@ -185,8 +185,12 @@ class TransactionalWriter:
         self.reach.wait(self._producer, self._producer.init_transactions, timeout_s)
         self._client = client
         self.kept = False  # kept from an earlier batch (`TransactionalKafkaSink.start_partition`)
+        self.checked = True  # its stored checkpoint checked against the topic this batch
         self.stored: Position | None = None
         self.read_at = 0.0
+        self._written_at: tuple[int, int] | None = None  # our last checkpoint record's place
+        self._sent_at: tuple[int, int] | None = None  # the same, of the transaction under way
+        self._probe: Consumer | None = None  # for the checkpoint topic's high watermark
         self.read_stored()
 
     def read_stored(self) -> None:
@@ -195,6 +199,30 @@ class TransactionalWriter:
         self.stored = read_checkpoint(self._client, self.checkpoint_topic, self.checkpoint_key,
                                       self.timeout_s)
         self.read_at = time.monotonic()
+
+    def holds_last(self) -> bool:
+        """Whether the checkpoint topic still holds this writer's last checkpoint record.
+
+        A kept writer's `stored` is its memory, and a broker that came back empty may take
+        its next transaction without a word (Kafka accepts any sequence from a producer it
+        does not know, if its coordinator survived elsewhere). Its partition's high
+        watermark then lies at or below our record's offset: one ListOffsets round trip,
+        where reading the checkpoint back is a consumer's whole start."""
+        if self._written_at is None:
+            return True
+        partition, offset = self._written_at
+        if self._probe is None:
+            self._probe = new_client(Consumer, {
+                **self._client, "enable.auto.commit": False,
+                "group.id": f"tailrace-checkpoint-probe-{uuid.uuid4().hex[:8]}"})
+        _, high = self._probe.get_watermark_offsets(
+            TopicPartition(self.checkpoint_topic, partition), timeout=self.timeout_s,
+            cached=False)
+        return bool(high > offset)
+
+    def _checkpoint_sent(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            self._sent_at = msg.partition(), msg.offset()
 
     def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
               errors: DeliveryErrors) -> None:
@@ -214,13 +242,14 @@ class TransactionalWriter:
         producer.begin_transaction()
         produce_all(producer, messages, errors, deadline)
         if commit is not None:  # after a batch that filled the local queue, it waits too
+            self._sent_at = None
             produce_one(producer, self.checkpoint_topic, commit.position.SerializeToString(),
-                        self.checkpoint_key, deadline)
+                        self.checkpoint_key, deadline, on_delivery=self._checkpoint_sent)
         del producer  # a failure's traceback keeps this frame: let close() free the client
         self.reach.wait(self._live(), self._live().commit_transaction,
                         max(deadline - time.monotonic(), 1.0))
-        if commit is not None:
-            self.stored = commit.position
+        if commit is not None:  # (commit_transaction served the delivery reports)
+            self.stored, self._written_at = commit.position, self._sent_at
 
     def _live(self) -> Producer:
         if self._producer is None:
@@ -234,15 +263,20 @@ class TransactionalWriter:
         writer alive for a while, and the client would go on reconnecting meanwhile.
         """
         producer, self._producer = self._producer, None
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                probe.close()
         if producer is None:
             return
-        # Nothing open, fenced, or the broker is away: the next init_transactions settles it.
         # What it still holds is purged first: a client kept alive by a traceback would
         # otherwise send it once the broker is back, after the next writer's
         # init_transactions, into a transaction that nobody ends and that holds every
         # read_committed reader of the checkpoint topic.
         with contextlib.suppress(KafkaException):
             producer.purge(in_queue=True, in_flight=True)
+        # Nothing open, fenced, or the broker is away: the next init_transactions settles it.
+        with contextlib.suppress(KafkaException):
             producer.abort_transaction(min(self.timeout_s, 2.0))
 
 

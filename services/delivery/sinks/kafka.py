@@ -372,6 +372,7 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
                 writer.close()
         elif tid in self._writers:
             self._writers[tid].kept = True
+            self._writers[tid].checked = False  # against the topic, at its first read
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -403,18 +404,26 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         if dropped is not None:
             dropped.close()  # the next write starts from the committed checkpoint
         failure = self._write_error(error, self._errors, writer_id)
-        if dropped is not None and dropped.kept and not isinstance(failure, PerEventError):
-            # A writer from an earlier batch is tried again as a new one, which starts with
-            # init_transactions and the committed checkpoint, whatever stopped it:
-            # - fenced since, by a delivery instance that lost the pipeline and still
-            #   finishes a batch (the control service refuses its commit), or by one that
-            #   took it over from us (it refuses ours); which, the control service decides;
-            # - a fatal error, such as a sequence desynchronization from a broker that lost
-            #   its producer state: the new writer's checkpoint read finds what it lost
-            #   (`exactly_once.SinkLostWrites`) instead of the error hiding it.
-            # A new writer's failure is the sink's own answer (a fenced one stops).
-            return RetryableError(f"kafka sink {self.id}: the producer kept from the last "
-                                  f"batch failed ({failure}); writing with a new one")
+        if dropped is None or not dropped.kept or isinstance(failure, PerEventError):
+            return failure  # a new writer's failure is the sink's own answer (fenced: stop)
+        if isinstance(failure, ProducerFencedError):
+            # Fenced since its last batch by another delivery instance's writer: one that
+            # took the pipeline over, or one that lost it and still finishes a batch. Not
+            # retried now: a new writer would fence the other's in turn, and the owner may
+            # be the other. The sink gives this batch up (its checkpoint stays); before the
+            # next, the driver asks the control service who owns the pipeline
+            # (`Committer.check_owner`): the instance that lost it stops there, and the
+            # owner delivers the batch again with a new writer.
+            return NonRetryableError(f"kafka sink {self.id}: the producer kept from the last "
+                                     f"batch was fenced by another delivery instance "
+                                     f"({failure}); this batch is given up and delivered "
+                                     "again by the instance that owns the pipeline")
+        # Any other failure of a kept writer (a fatal one too, such as the sequence
+        # desynchronization of a broker that lost its producer state) is retried with a new
+        # writer, which starts with init_transactions and the committed checkpoint: what a
+        # broker lost is then found (`exactly_once.SinkLostWrites`), not hidden by the error.
+        return RetryableError(f"kafka sink {self.id}: the producer kept from the last batch "
+                              f"failed ({failure}); writing with a new one")
         return failure
 
     def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
@@ -422,11 +431,16 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         self.open()
         try:
             writer = self._writer(partition, rewind)
-            if time.monotonic() - writer.read_at >= CHECKPOINT_RECHECK_S:
-                writer.read_stored()  # a kept writer's memory cannot see a topic that lost it
+            if not writer.checked:  # kept: its memory cannot see a topic that lost records
+                if time.monotonic() - writer.read_at >= CHECKPOINT_RECHECK_S \
+                        or not writer.holds_last():
+                    writer.read_stored()
+                writer.checked = True
             return writer.stored
         except Exception as e:
-            self._writers.pop(self._transactional_id(partition), None)
+            dropped = self._writers.pop(self._transactional_id(partition), None)
+            if dropped is not None:
+                dropped.close()
             failure = self._write_error(e, {}, self._transactional_id(partition))
         raise failure  # outside the except block: no traceback keeps the producer alive
 
