@@ -200,6 +200,18 @@ class TransactionalWriter:
                                       self.timeout_s)
         self.read_at = time.monotonic()
 
+    def still_reaches(self) -> None:
+        """A kept writer, before it reads or writes: raise if its brokers went away since
+        its last batch (its `error_cb`, served here, says so at once; a call through a cut
+        link would wait for its timeout). Not a word into a broker that is away: what this
+        producer queued would go out once it is back, into a transaction nobody ends. A new
+        writer is made instead, whose init_transactions gives up after DOWN_S."""
+        self._live().poll(0)
+        if self.reach.down_since is not None:
+            raise KafkaException(KafkaError(
+                KafkaError._ALL_BROKERS_DOWN,
+                f"the brokers went away since the last batch ({self.reach.error})"))
+
     def holds_last(self) -> bool:
         """Whether the checkpoint topic still holds this writer's last checkpoint record.
 
@@ -216,8 +228,8 @@ class TransactionalWriter:
                 **self._client, "enable.auto.commit": False,
                 "group.id": f"tailrace-checkpoint-probe-{uuid.uuid4().hex[:8]}"})
         _, high = self._probe.get_watermark_offsets(
-            TopicPartition(self.checkpoint_topic, partition), timeout=self.timeout_s,
-            cached=False)
+            TopicPartition(self.checkpoint_topic, partition),
+            timeout=min(self.timeout_s, DOWN_S), cached=False)  # a cut link: give up early
         return bool(high > offset)
 
     def _checkpoint_sent(self, err: KafkaError | None, msg: Any) -> None:
@@ -231,14 +243,7 @@ class TransactionalWriter:
         producer = self._live()
         deadline = time.monotonic() + self.timeout_s
         if self.kept:
-            producer.poll(0)  # serves error_cb: did the brokers go away since the last batch?
-            if self.reach.down_since is not None:
-                # Not a word into a broker that is away: what this producer queued would go
-                # out once it is back, into a transaction nobody ends (a new writer is
-                # made instead, whose init_transactions waits for the broker).
-                raise KafkaException(KafkaError(
-                    KafkaError._ALL_BROKERS_DOWN,
-                    f"the brokers went away since the last batch ({self.reach.error})"))
+            self.still_reaches()
         producer.begin_transaction()
         produce_all(producer, messages, errors, deadline)
         if commit is not None:  # after a batch that filled the local queue, it waits too

@@ -432,6 +432,7 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         try:
             writer = self._writer(partition, rewind)
             if not writer.checked:  # kept: its memory cannot see a topic that lost records
+                writer.still_reaches()
                 if time.monotonic() - writer.read_at >= CHECKPOINT_RECHECK_S \
                         or not writer.holds_last():
                     writer.read_stored()
