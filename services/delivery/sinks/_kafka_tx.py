@@ -200,6 +200,22 @@ class TransactionalWriter:
                                       self.timeout_s)
         self.read_at = time.monotonic()
 
+    def keep(self) -> None:
+        """Kept for another batch of its partition (`TransactionalKafkaSink.start_partition`):
+        its stored checkpoint is confirmed against the topic at the batch's first read."""
+        self.kept, self.checked = True, False
+
+    def confirm_stored(self) -> None:
+        """Once a batch, for a kept writer: `stored` is its memory, which cannot see a topic
+        that lost records; it is read back when the topic no longer holds our last record,
+        and at least every CHECKPOINT_RECHECK_S."""
+        if self.checked:
+            return
+        self.still_reaches()
+        if time.monotonic() - self.read_at >= CHECKPOINT_RECHECK_S or not self.holds_last():
+            self.read_stored()
+        self.checked = True
+
     def still_reaches(self) -> None:
         """A kept writer, before it reads or writes: raise if its brokers went away since
         its last batch (its `error_cb`, served here, says so at once; a call through a cut

@@ -58,7 +58,6 @@ from tailrace_services.delivery.sinks._kafka_errors import (
     new_client,
 )
 from tailrace_services.delivery.sinks._kafka_tx import (
-    CHECKPOINT_RECHECK_S,
     DOWN_S,
     RECONNECT_BACKOFF_MS,
     BrokerReach,
@@ -371,8 +370,7 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
             if writer is not None:
                 writer.close()
         elif tid in self._writers:
-            self._writers[tid].kept = True
-            self._writers[tid].checked = False  # against the topic, at its first read
+            self._writers[tid].keep()
 
     def close(self) -> None:
         for writer in self._writers.values():
@@ -424,19 +422,13 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
         # broker lost is then found (`exactly_once.SinkLostWrites`), not hidden by the error.
         return RetryableError(f"kafka sink {self.id}: the producer kept from the last batch "
                               f"failed ({failure}); writing with a new one")
-        return failure
 
     def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
         """The checkpoint of the last committed transaction."""
         self.open()
         try:
             writer = self._writer(partition, rewind)
-            if not writer.checked:  # kept: its memory cannot see a topic that lost records
-                writer.still_reaches()
-                if time.monotonic() - writer.read_at >= CHECKPOINT_RECHECK_S \
-                        or not writer.holds_last():
-                    writer.read_stored()
-                writer.checked = True
+            writer.confirm_stored()
             return writer.stored
         except Exception as e:
             dropped = self._writers.pop(self._transactional_id(partition), None)
