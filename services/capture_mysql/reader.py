@@ -87,6 +87,7 @@ __all__ = [
     "TxCommit",
     "read_binlog_header",
     "read_transaction",
+    "row_images",
 ]
 
 log = get_logger(__name__)
@@ -171,7 +172,7 @@ class _Digest:
         self._hash = hashlib.blake2b(f"{gtid}@{timestamp}".encode(), digest_size=8)
 
     def rows(self, event: RowsEvent) -> None:
-        body = event.packet.packet.get_all_data()[20:20 + event.event_size]  # OK byte, header
+        body = event.packet.packet.get_all_data()[_HEADER:_HEADER + event.event_size]
         start = 8  # table id (6) and flags (2)
         if event.event_type in _ROWS_V2:
             start += struct.unpack_from("<H", body, 8)[0]
@@ -338,6 +339,26 @@ class BinlogStream:
             return ""
         prev = self.state.get(MariadbGtid.parse(gtid).domain)
         return str(prev) if prev is not None else ""
+
+
+_HEADER = 20  # the packet's OK byte and the event header, before the event's own bytes
+
+
+def row_images(event: RowsEvent) -> tuple[bytes, int, int, int] | None:
+    """Where a rows event's row images lie in its packet: (packet bytes, start, end, images
+    per row), for `values.RowDecoder.images`; None unless every column of every image is
+    present (`binlog_row_image=FULL`, which `connection.check_settings` requires)."""
+    if event.number_of_columns != len(event.columns):
+        return None
+    every = (1 << event.number_of_columns) - 1
+    present = [event.columns_present_bitmap]
+    if isinstance(event, UpdateRowsEvent):
+        present.append(event.columns_present_bitmap2)
+    if any(int.from_bytes(bitmap, "little") != every for bitmap in present):
+        return None
+    packet = event.packet
+    return (packet.packet.get_all_data(), _HEADER + packet.read_bytes,
+            _HEADER + event.event_size, len(present))
 
 
 def _load_statement(event: ExecuteLoadQueryEvent, at: str) -> Statement:

@@ -326,7 +326,7 @@ class SchemaTracker:
             hints = self._hints(database, table)
             shape = shape_from_table_map(database, table, columns, hints,
                                          self.given.get(f"{database}.{table}", ()))
-            found = (shape, RowDecoder(shape))
+            found = (shape, RowDecoder(shape, columns))
             self._shapes[key] = found
         shape, decoder = found
         self.latest[(database, table)] = shape

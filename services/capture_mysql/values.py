@@ -22,6 +22,10 @@ What `mysql-replication` hands us, and what we make of it:
   reports as NULL);
 - BIT(1): bool; BIT(n): unsigned integer;
 - BINARY(n): the library strips the trailing 0x00 padding; it is put back;
+- an empty value of a binary column (VARBINARY, BLOB, BINARY, UUID, INET6/INET4): the
+  library hands '' (Python decodes an empty bytes object without looking the codec up, so
+  its "no codec named binary: keep the bytes" never happens); it is bytes again (the nil
+  UUID, stored as nothing, stopped capture before);
 - MariaDB UUID: a `uuid`; INET6/INET4: the address as text (`::ffff:1.2.3.4`
   for mapped IPv4, as MariaDB prints it);
 - character columns: str, decoded with the column's charset; binary ones bytes.
@@ -29,6 +33,7 @@ What `mysql-replication` hands us, and what we make of it:
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import ipaddress
 import json
@@ -37,17 +42,28 @@ import struct
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
+from enum import IntEnum
 from functools import partial
 from typing import Any, Protocol
 
+from pymysql.charset import charset_by_name
 from pymysqlreplication.constants import FIELD_TYPE
 
 from tailrace.events import Row
 from tailrace.events._values import Json
-from tailrace.events._wire import NULL, Kind, column_prefix, row_bytes, value_bytes, value_string
+from tailrace.events._wire import (
+    NULL,
+    Kind,
+    column_prefix,
+    cwire,
+    row_bytes,
+    value_bytes,
+    value_string,
+)
 from tailrace_services.capture.snapshot.chunks import KIND_OBJECT
 
-__all__ = ["ColumnShape", "RowDecoder", "TableShape", "converter_for", "make_row"]
+__all__ = ["BinlogKind", "ColumnShape", "RowDecoder", "TableShape", "binlog_plan",
+           "converter_for", "make_row"]
 
 
 class ColumnShape(Protocol):
@@ -76,6 +92,10 @@ _EMPTY_SET = "empty set"
 
 def _identity(v: Any) -> Any:
     return v
+
+
+def _binary(v: bytes | str) -> bytes | str:
+    return b"" if v == "" else v  # see the module docstring: '' is an empty binary value
 
 
 def _float32(v: float) -> float:
@@ -114,23 +134,24 @@ def _json_text(v: Any) -> Json:
 
 
 def _padder(length: int) -> Converter:
-    def pad(v: bytes) -> bytes:
+    def pad(v: bytes | str) -> bytes | str:
+        v = _binary(v)
         return v.ljust(length, b"\x00") if isinstance(v, bytes) else v
     return pad
 
 
-def _uuid(v: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=bytes(v).ljust(16, b"\x00"))
+def _uuid(v: bytes | str) -> uuid.UUID:
+    return uuid.UUID(bytes=bytes(_binary(v)).ljust(16, b"\x00"))
 
 
-def _inet6(v: bytes) -> str:
-    addr = ipaddress.IPv6Address(bytes(v).ljust(16, b"\x00"))
+def _inet6(v: bytes | str) -> str:
+    addr = ipaddress.IPv6Address(bytes(_binary(v)).ljust(16, b"\x00"))
     mapped = addr.ipv4_mapped
     return f"::ffff:{mapped}" if mapped is not None else str(addr)
 
 
-def _inet4(v: bytes) -> str:
-    return str(ipaddress.IPv4Address(bytes(v).ljust(4, b"\x00")))
+def _inet4(v: bytes | str) -> str:
+    return str(ipaddress.IPv4Address(bytes(_binary(v)).ljust(4, b"\x00")))
 
 
 def _bits(single: bool) -> Converter:
@@ -173,20 +194,136 @@ def converter_for(column: ColumnShape) -> Converter:
         return _set(column.set_values)
     if t == FIELD_TYPE.STRING and name == "binary" and column.max_length:
         return _padder(column.max_length)
+    if name in _BINARY_TYPES:
+        return _binary
     return _identity
 
 
-class RowDecoder:
-    """The converters of one table shape, built once and reused for its rows."""
+_BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 
-    def __init__(self, shape: TableShape) -> None:
+
+class BinlogKind(IntEnum):
+    """How `_cwire.binlog_rows` reads a column's value from a rows event (its `enum` B_*)."""
+
+    INT = 1  # a: width in bytes, b: unsigned
+    FLOAT = 2
+    DOUBLE = 3
+    DECIMAL = 4  # a: precision, b: scale
+    DATE = 5
+    DATETIME2 = 6  # a: fractional digits (fsp)
+    TIMESTAMP2 = 7  # a: fsp
+    TIME2 = 8  # a: fsp
+    YEAR = 9
+    TEXT = 10  # a: length bytes, b: the Value's tag (8 text, 10 json), extra: codec (None: UTF-8)
+    BYTES = 11  # a: length bytes, b: the length to pad to with 0x00 (BINARY(n))
+    UUID = 12  # a: length bytes
+    ENUM = 13  # a: size, extra: the labels, UTF-8, index 0 the invalid value's ''
+    SET = 14  # a: size, extra: the members, UTF-8, in definition order
+    BIT = 15  # a: bytes, b: bits
+
+
+BinlogPlan = tuple[tuple[int, int, int, object], ...]
+
+_INT_WIDTH = {FIELD_TYPE.TINY: 1, FIELD_TYPE.SHORT: 2, FIELD_TYPE.INT24: 3, FIELD_TYPE.LONG: 4,
+              FIELD_TYPE.LONGLONG: 8}
+_FSP_KIND = {FIELD_TYPE.DATETIME2: BinlogKind.DATETIME2,
+             FIELD_TYPE.TIMESTAMP2: BinlogKind.TIMESTAMP2, FIELD_TYPE.TIME2: BinlogKind.TIME2}
+
+
+def _codec(charset: str | None) -> tuple[bool, str | None]:
+    """(is text, the Python codec when not UTF-8), as the binlog library decodes a column:
+    with its charset's codec, or left bytes when Python has none (`binary`)."""
+    if charset is None:
+        return True, None
+    found = charset_by_name(charset)
+    name = found.encoding if found else charset
+    try:
+        codec = codecs.lookup(name).name
+    except LookupError:
+        return False, None
+    return True, (None if codec == "utf-8" else name)
+
+
+def _binlog_column(column: Any, shape: ColumnShape) -> tuple[int, int, int, object] | None:
+    t, name = column.type, shape.type
+    if t in _INT_WIDTH:
+        return BinlogKind.INT, _INT_WIDTH[t], int(bool(column.unsigned)), None
+    if t == FIELD_TYPE.FLOAT:
+        return BinlogKind.FLOAT, 0, 0, None
+    if t == FIELD_TYPE.DOUBLE:
+        return BinlogKind.DOUBLE, 0, 0, None
+    if t == FIELD_TYPE.NEWDECIMAL:
+        return BinlogKind.DECIMAL, column.precision, column.decimals, None
+    if t == FIELD_TYPE.DATE:
+        return BinlogKind.DATE, 0, 0, None
+    if t in _FSP_KIND:
+        return _FSP_KIND[t], column.fsp, 0, None
+    if t == FIELD_TYPE.YEAR:
+        return BinlogKind.YEAR, 0, 0, None
+    if t == FIELD_TYPE.ENUM:
+        labels = tuple(v.encode() for v in column.enum_values or ())
+        return BinlogKind.ENUM, column.size, 0, labels
+    if t == FIELD_TYPE.SET:
+        return BinlogKind.SET, column.size, 0, tuple(v.encode() for v in column.set_values or ())
+    if t == FIELD_TYPE.BIT:
+        return BinlogKind.BIT, column.bytes, column.bits, None
+    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):
+        size = 2 if column.max_length > 255 else 1
+    elif t == FIELD_TYPE.BLOB:
+        size = column.length_size
+    else:
+        return None  # JSON (MySQL's binary form), spatial, the pre-5.6 temporal types
+    text, codec = _codec(column.character_set_name)
+    if name == "uuid":
+        return (BinlogKind.UUID, size, 0, None) if not text else None
+    if name in ("inet6", "inet4"):
+        return None
+    if name == "json":
+        return (BinlogKind.TEXT, size, 10, None) if text and codec is None else None
+    if not text:
+        pad = column.max_length if name == "binary" and t == FIELD_TYPE.STRING else 0
+        return BinlogKind.BYTES, size, pad, None
+    return BinlogKind.TEXT, size, 8, codec
+
+
+def binlog_plan(columns: Sequence[Any], shape: TableShape) -> BinlogPlan | None:
+    """How `_cwire.binlog_rows` reads this table map's rows, giving what the binlog library's
+    values would become through `converter_for`; None when a column is of a type it does
+    not read (the library decodes those tables' rows)."""
+    if cwire is None or len(columns) != len(shape.columns):
+        return None
+    plan = []
+    for column, column_shape in zip(columns, shape.columns, strict=True):
+        entry = _binlog_column(column, column_shape)
+        if entry is None:
+            return None
+        plan.append((int(entry[0]), int(entry[1]), int(entry[2]), entry[3]))
+    return tuple(plan)
+
+
+class RowDecoder:
+    """The converters of one table shape, built once and reused for its rows. With the table
+    map's `columns`, also how its rows are read straight from a rows event's bytes."""
+
+    def __init__(self, shape: TableShape, columns: Sequence[Any] | None = None) -> None:
         self.shape = shape
+        self.plan = binlog_plan(columns, shape) if columns is not None else None
         self._columns = [(c.name, c.type, converter_for(c), c.field_type == FIELD_TYPE.SET)
                          for c in shape.columns]
         self._converters = [convert for _, _, convert, _ in self._columns]
         self.prefixes = [column_prefix(name, type_name) for name, type_name, _, _
                          in self._columns]
         """Per column, its `Column` fields but the value (`_wire.row_bytes`)."""
+        self._prefixes = tuple(self.prefixes)
+
+    def images(self, data: bytes, start: int, end: int, per_row: int) -> list[bytes] | None:
+        """A rows event's row images (`data[start:end]`, `reader.row_images`) as serialized
+        Rows, `per_row` of them a row (an update's before and after), read in C without the
+        library's Python values; None when this table or one of these values is not read
+        there: the library's `event.rows` and `row_bytes` then make the same bytes."""
+        if self.plan is None:
+            return None
+        return cwire.binlog_rows(data, start, end, per_row, self.plan, self._prefixes)
 
     def read_encoders(self, forms: Sequence[Callable[[Any], Any] | None]
                       ) -> tuple[bytes, tuple[Callable[[Any], bytes], ...]]:
@@ -197,7 +334,7 @@ class RowDecoder:
         kinds: list[int] = []
         encoders: list[Callable[[Any], bytes]] = []
         for convert, form in zip(self._converters, forms, strict=True):
-            if convert is _identity and form is None:
+            if convert in (_identity, _binary) and form is None:  # PyMySQL: bytes, b""
                 kinds.append(KIND_OBJECT)
                 encoders.append(value_bytes)
             elif convert is _uuid:  # the server's text is already what str(UUID) prints

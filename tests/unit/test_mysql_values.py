@@ -115,6 +115,21 @@ def test_nulls_empty_set_and_zero_year() -> None:
     assert out["st"] == "" and out["e"] is None and out["y"] == 0 and out["d"] is None
 
 
+def test_empty_binary_values_stay_bytes() -> None:
+    """The library hands '' for an empty binary value (Python decodes b"" without looking its
+    codec up): the nil UUID (stored as nothing) stopped capture, an empty BINARY(n) or
+    VARBINARY came out as text."""
+    values = {c.name: None for c in COLUMNS} | {"id": 1, "bn": "", "u": "", "ip": ""}
+    out = decode(values)
+    assert out["bn"] == b"\x00" * 4
+    assert out["u"] == uuid.UUID(int=0)
+    assert out["ip"] == "::"
+    vb = shape_from_table_map("s", "t", [col("vb", FIELD_TYPE.VARCHAR, max_length=20,
+                                              character_set_name="binary")], {})
+    row = RowDecoder(vb).row({"vb": ""})
+    assert python_of(row.columns[0].value) == b""
+
+
 def test_a_table_map_without_names_is_refused() -> None:
     with pytest.raises(FatalError, match="binlog_row_metadata must be FULL"):
         shape_from_table_map("shop", "t", [col(None, FIELD_TYPE.LONG)], {})

@@ -897,6 +897,425 @@ static PyObject *py_row_key(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+/* -- MySQL/MariaDB binlog rows ---------------------------------------------------------- */
+
+/* What `binlog_rows` reads a column as (`capture_mysql.values.BinlogKind` names them). */
+enum {
+    B_INT = 1, B_FLOAT = 2, B_DOUBLE = 3, B_DECIMAL = 4, B_DATE = 5, B_DATETIME2 = 6,
+    B_TIMESTAMP2 = 7, B_TIME2 = 8, B_YEAR = 9, B_TEXT = 10, B_BYTES = 11, B_UUID = 12,
+    B_ENUM = 13, B_SET = 14, B_BIT = 15
+};
+
+typedef struct {
+    int kind;
+    int a, b;             /* per kind: width/length size/fsp/precision, unsigned/tag/scale/pad */
+    PyObject *extra;      /* B_TEXT: the codec's name (None: UTF-8); B_ENUM, B_SET: labels */
+    PyObject *prefix;     /* the column's `column_prefix` */
+} BinCol;
+
+/* The outcome of reading one value: done, or not exact here (the library decodes the event). */
+enum { BIN_OK = 0, BIN_ERROR = -1, BIN_UNREAD = -2 };
+
+static uint64_t le_uint(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t be_uint(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* A strict UTF-8 check, as Python's decoder does it (no overlongs, surrogates or > U+10FFFF). */
+static int utf8_valid(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        int more; uint32_t cp, min;
+        if ((c & 0xE0) == 0xC0) { more = 1; cp = c & 0x1F; min = 0x80; }
+        else if ((c & 0xF0) == 0xE0) { more = 2; cp = c & 0x0F; min = 0x800; }
+        else if ((c & 0xF8) == 0xF0) { more = 3; cp = c & 0x07; min = 0x10000; }
+        else return 0;
+        if (n - i <= more) return 0;
+        for (int k = 1; k <= more; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* The fractional seconds of a DATETIME2/TIME2/TIMESTAMP2 value, as the library reads them. */
+static int64_t binlog_fsp(const unsigned char *p, int fsp) {
+    int size = (fsp + 1) / 2;
+    if (size == 0) return 0;
+    int64_t v = (int64_t)be_uint(p, size);
+    if (fsp % 2) v /= 10;
+    static const int64_t scale[] = {1000000, 100000, 10000, 1000, 100, 10, 1};
+    return v * scale[fsp];
+}
+
+/* str(Decimal(text)) of the digits `digits` (no sign, no point) with `scale` of them after the
+ * point: Python's rule, E-notation when the adjusted exponent is below -6. */
+static int buf_decimal_text(Buf *b, int negative, const char *digits, int count, int scale) {
+    int first = 0;
+    while (first < count - 1 && digits[first] == '0') first++;
+    const char *coeff = digits + first;
+    int len = count - first;
+    int exp = -scale, leftdigits = exp + len, dotplace;
+    char out[200], *o = out;
+    if (negative) *o++ = '-';
+    dotplace = leftdigits > -6 ? leftdigits : 1;   /* exp <= 0 always here */
+    if (dotplace <= 0) {
+        *o++ = '0'; *o++ = '.';
+        for (int i = 0; i < -dotplace; i++) *o++ = '0';
+        memcpy(o, coeff, len); o += len;
+    } else if (dotplace >= len) {
+        memcpy(o, coeff, len); o += len;
+        for (int i = 0; i < dotplace - len; i++) *o++ = '0';
+    } else {
+        memcpy(o, coeff, dotplace); o += dotplace;
+        *o++ = '.';
+        memcpy(o, coeff + dotplace, len - dotplace); o += len - dotplace;
+    }
+    if (leftdigits != dotplace) o += sprintf(o, "E%+d", leftdigits - dotplace);
+    return buf_field(b, 7, out, o - out);
+}
+
+/* DECIMAL's binary form (MySQL's decimal2bin): groups of 9 digits in 4 bytes, big-endian,
+ * the sign in the first bit and a negative number's bytes inverted. */
+static int binlog_decimal(Buf *b, const unsigned char **pp, const unsigned char *end, int precision,
+                          int scale) {
+    static const int dig2bytes[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
+    int intg = precision - scale, intg0 = intg / 9, frac0 = scale / 9;
+    int intg0x = intg - intg0 * 9, frac0x = scale - frac0 * 9;
+    int size = dig2bytes[intg0x] + intg0 * 4 + frac0 * 4 + dig2bytes[frac0x];
+    unsigned char raw[64];
+    if (size <= 0 || size > (int)sizeof raw || end - *pp < size) return BIN_UNREAD;
+    memcpy(raw, *pp, size);
+    *pp += size;
+    int negative = !(raw[0] & 0x80);
+    raw[0] ^= 0x80;
+    if (negative) for (int i = 0; i < size; i++) raw[i] ^= 0xFF;
+    char digits[160];
+    int n = 0, at = 0;
+    if (dig2bytes[intg0x]) {
+        n += sprintf(digits + n, "%llu", (unsigned long long)be_uint(raw, dig2bytes[intg0x]));
+        at += dig2bytes[intg0x];
+    }
+    for (int i = 0; i < intg0; i++, at += 4)
+        n += sprintf(digits + n, "%09llu", (unsigned long long)be_uint(raw + at, 4));
+    int before = n;
+    for (int i = 0; i < frac0; i++, at += 4)
+        n += sprintf(digits + n, "%09llu", (unsigned long long)be_uint(raw + at, 4));
+    if (dig2bytes[frac0x])
+        n += sprintf(digits + n, "%0*llu", frac0x,
+                     (unsigned long long)be_uint(raw + at, dig2bytes[frac0x]));
+    if (n - before != scale || n > 100) return BIN_UNREAD;  /* a group wider than its digits */
+    if (n == 0) { digits[0] = '0'; n = 1; }
+    return buf_decimal_text(b, negative, digits, n, scale) < 0 ? BIN_ERROR : BIN_OK;
+}
+
+/* FLOAT: the shortest decimal that is the same float32 (`values._float32`), as a double. */
+static double float32_shortest(float f) {
+    double v = (double)f;
+    char text[40];
+    for (int d = 6; d <= 9; d++) {
+        snprintf(text, sizeof text, "%.*g", d, v);
+        double candidate = strtod(text, NULL);
+        float back = (float)candidate;
+        if (memcmp(&back, &f, sizeof f) == 0) return candidate;
+    }
+    return v;
+}
+
+static int buf_value_double(Buf *b, double x) {
+    char out[9];
+    out[0] = 0x31;
+    memcpy(out + 1, &x, 8);  /* little-endian machines only (setup.py builds for them) */
+    return buf_put(b, out, 9);
+}
+
+static int buf_value_uint(Buf *b, uint64_t u) {
+    if (u < ((uint64_t)1 << 63)) return buf_value_int(b, (int64_t)u);
+    return buf_put(b, "\x28", 1) < 0 ? -1 : buf_varint(b, u);
+}
+
+/* One non-NULL value of column `c` at *pp into `b` (a serialized Value). */
+static int binlog_value(Buf *b, const BinCol *c, const unsigned char **pp, const unsigned char *end) {
+    const unsigned char *p = *pp;
+    Py_ssize_t left = end - p;
+#define NEED(n) do { if (left < (Py_ssize_t)(n)) return BIN_UNREAD; } while (0)
+    switch (c->kind) {
+    case B_INT: {
+        NEED(c->a);
+        uint64_t u = le_uint(p, c->a);
+        *pp = p + c->a;
+        if (c->b) return buf_value_uint(b, u) < 0 ? BIN_ERROR : BIN_OK;
+        int shift = 64 - 8 * c->a;
+        int64_t v = (int64_t)(u << shift) >> shift;
+        return buf_value_int(b, v) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_FLOAT: {
+        NEED(4);
+        float f;
+        memcpy(&f, p, 4);
+        *pp = p + 4;
+        return buf_value_double(b, float32_shortest(f)) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_DOUBLE: {
+        NEED(8);
+        double x;
+        memcpy(&x, p, 8);
+        *pp = p + 8;
+        return buf_value_double(b, x) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_DECIMAL:
+        return binlog_decimal(b, pp, end, c->a, c->b);
+    case B_DATE: {
+        NEED(3);
+        uint32_t t = (uint32_t)le_uint(p, 3);
+        *pp = p + 3;
+        int y = (t >> 9) & 0x7FFF, m = (t >> 5) & 0xF, d = t & 0x1F;
+        if (t == 0 || y == 0 || m == 0 || d == 0) return buf_put(b, "\x08\x01", 2) < 0 ? BIN_ERROR : BIN_OK;
+        if (m > 12 || y > 9999 || d > days_in_month(y, m)) return BIN_UNREAD;  /* the library raises */
+        return buf_put(b, "\x60", 1) < 0 || buf_varint(b, (uint64_t)days_from_civil(y, m, d)) < 0
+            ? BIN_ERROR : BIN_OK;
+    }
+    case B_DATETIME2: {
+        int size = 5 + (c->a + 1) / 2;
+        NEED(size);
+        uint64_t v = be_uint(p, 5);
+        int64_t us = binlog_fsp(p + 5, c->a);
+        *pp = p + size;
+        int ym = (int)((v >> 22) & 0x1FFFF), y = ym / 13, m = ym % 13;
+        int d = (v >> 17) & 0x1F, hh = (v >> 12) & 0x1F, mi = (v >> 6) & 0x3F, ss = v & 0x3F;
+        if (y < 1 || y > 9999 || m < 1 || d < 1 || d > days_in_month(y, m) || hh > 23 || mi > 59
+            || ss > 59)
+            return buf_put(b, "\x08\x01", 2) < 0 ? BIN_ERROR : BIN_OK;  /* no such moment: NULL */
+        int64_t micros = (days_from_civil(y, m, d) * 86400 + hh * 3600 + mi * 60 + ss) * 1000000 + us;
+        return buf_value_timestamp(b, micros, 0) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_TIMESTAMP2: {
+        int size = 4 + (c->a + 1) / 2;
+        NEED(size);
+        int64_t seconds = (int32_t)(uint32_t)be_uint(p, 4);
+        int64_t us = binlog_fsp(p + 4, c->a);
+        *pp = p + size;
+        return buf_value_timestamp(b, seconds * 1000000 + us, 1) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_TIME2: {
+        int size = 3 + (c->a + 1) / 2;
+        NEED(size);
+        uint32_t v = (uint32_t)be_uint(p, 3);
+        if (!(v & 0x800000)) return BIN_UNREAD;  /* negative: the library's own arithmetic */
+        int64_t us = binlog_fsp(p + 3, c->a);
+        *pp = p + size;
+        int64_t hh = (v >> 12) & 0x3FF, mi = (v >> 6) & 0x3F, ss = v & 0x3F;
+        int64_t total = ((hh * 60 + mi) * 60 + ss) * 1000000 + us;
+        return buf_put(b, "\x68", 1) < 0 || buf_varint(b, (uint64_t)total) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_YEAR: {
+        NEED(1);
+        int y = p[0];
+        *pp = p + 1;
+        return buf_value_int(b, y ? y + 1900 : 0) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_TEXT:
+    case B_BYTES:
+    case B_UUID: {
+        NEED(c->a);
+        uint64_t n = le_uint(p, c->a);
+        if ((uint64_t)(left - c->a) < n) return BIN_UNREAD;
+        const unsigned char *s = p + c->a;
+        *pp = s + n;
+        if (c->kind == B_BYTES) {
+            Py_ssize_t pad = c->b > (Py_ssize_t)n ? c->b - (Py_ssize_t)n : 0;
+            if (buf_put(b, "\x4a", 1) < 0 || buf_varint(b, n + pad) < 0 ||
+                buf_put(b, (const char *)s, (Py_ssize_t)n) < 0 || buf_grow(b, pad) < 0)
+                return BIN_ERROR;
+            memset(b->data + b->size, 0, pad);
+            b->size += pad;
+            return BIN_OK;
+        }
+        if (c->kind == B_UUID) {
+            unsigned char raw[16] = {0};
+            if (n > 16) return BIN_UNREAD;
+            memcpy(raw, s, n);
+            char text[36], *o = text;
+            static const char hex[] = "0123456789abcdef";
+            for (int i = 0; i < 16; i++) {
+                if (i == 4 || i == 6 || i == 8 || i == 10) *o++ = '-';
+                *o++ = hex[raw[i] >> 4];
+                *o++ = hex[raw[i] & 15];
+            }
+            return buf_field(b, 15, text, 36) < 0 ? BIN_ERROR : BIN_OK;
+        }
+        if (c->extra == Py_None) {
+            if (!utf8_valid(s, (Py_ssize_t)n)) return BIN_UNREAD;  /* the library raises */
+            return buf_field(b, (uint32_t)c->b, (const char *)s, (Py_ssize_t)n) < 0 ? BIN_ERROR : BIN_OK;
+        }
+        PyObject *text = PyUnicode_Decode((const char *)s, (Py_ssize_t)n,
+                                          PyUnicode_AsUTF8(c->extra), "strict");
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return BIN_ERROR;
+            PyErr_Clear();
+            return BIN_UNREAD;
+        }
+        int rc = buf_value_string(b, (uint32_t)c->b, text);
+        Py_DECREF(text);
+        return rc < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_ENUM: {
+        NEED(c->a);
+        uint64_t index = le_uint(p, c->a);
+        *pp = p + c->a;
+        Py_ssize_t count = PyTuple_GET_SIZE(c->extra);
+        if (count == 0) return buf_put(b, "\x08\x01", 2) < 0 ? BIN_ERROR : BIN_OK;
+        if (index >= (uint64_t)count) return BIN_UNREAD;  /* the library raises */
+        PyObject *label = PyTuple_GET_ITEM(c->extra, (Py_ssize_t)index);
+        return buf_field(b, 8, PyBytes_AS_STRING(label), PyBytes_GET_SIZE(label)) < 0
+            ? BIN_ERROR : BIN_OK;
+    }
+    case B_SET: {
+        NEED(c->a);
+        uint64_t mask = le_uint(p, c->a);
+        *pp = p + c->a;
+        char text[4096];
+        Py_ssize_t n = 0, count = PyTuple_GET_SIZE(c->extra);
+        for (Py_ssize_t i = 0; i < count && i < 64; i++) {
+            if (!(mask & ((uint64_t)1 << i))) continue;
+            PyObject *label = PyTuple_GET_ITEM(c->extra, i);
+            Py_ssize_t size = PyBytes_GET_SIZE(label);
+            if (n + size + 1 > (Py_ssize_t)sizeof text) return BIN_UNREAD;
+            if (n) text[n++] = ',';
+            memcpy(text + n, PyBytes_AS_STRING(label), size);
+            n += size;
+        }
+        return buf_field(b, 8, text, n) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    case B_BIT: {
+        NEED(c->a);
+        uint64_t v = 0;
+        for (int i = 0; i < c->a; i++) {
+            int bits = 8;
+            if (i == 0) bits = c->a == 1 ? c->b : (c->b % 8 ? c->b % 8 : 8);
+            v = (v << bits) | (p[i] & ((1u << bits) - 1));
+        }
+        *pp = p + c->a;
+        if (c->b == 1) return buf_put(b, v ? "\x18\x01" : "\x18\x00", 2) < 0 ? BIN_ERROR : BIN_OK;
+        return buf_value_uint(b, v) < 0 ? BIN_ERROR : BIN_OK;
+    }
+    }
+#undef NEED
+    return BIN_UNREAD;
+}
+
+/* One row image (null bitmap, then each non-NULL value) at *pp as a serialized Row. */
+static int binlog_image(Buf *row, Buf *value, const BinCol *cols, Py_ssize_t n,
+                        const unsigned char **pp, const unsigned char *end) {
+    Py_ssize_t nulls = (n + 7) / 8;
+    if (end - *pp < nulls) return BIN_UNREAD;
+    const unsigned char *bitmap = *pp;
+    *pp += nulls;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        value->size = 0;
+        int rc;
+        if (bitmap[i / 8] & (1 << (i % 8))) rc = buf_put(value, "\x08\x01", 2) < 0 ? BIN_ERROR : BIN_OK;
+        else rc = binlog_value(value, &cols[i], pp, end);
+        if (rc != BIN_OK) return rc;
+        if (buf_column(row, cols[i].prefix, value->data, value->size) < 0) return BIN_ERROR;
+    }
+    return BIN_OK;
+}
+
+/* binlog_rows(data, start, end, images, plan, prefixes) -> [Row bytes] or None.
+ *
+ * The row images of a rows event whose columns are all present (binlog_row_image=FULL):
+ * `data[start:end]` after the columns-present bitmaps, `images` per row (2 for an update:
+ * before, after). `plan`: per column (kind, a, b, extra), `capture_mysql.values.binlog_plan`.
+ * None when a value is not one this reads exactly (a negative TIME, a date the library
+ * refuses, text that is not its charset...): the caller lets the library decode the event. */
+static PyObject *py_binlog_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "binlog_rows(data: bytes, start, end, images, plan: tuple, "
+                        "prefixes: tuple)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
+    long images = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]), n = PyTuple_GET_SIZE(args[4]);
+    if (start < 0 || stop > size || start > stop || images < 1 || images > 2 ||
+        PyTuple_GET_SIZE(args[5]) != n || n == 0) {
+        PyErr_SetString(PyExc_ValueError, "binlog_rows: bounds, images or plan out of range");
+        return NULL;
+    }
+    BinCol *cols = PyMem_Calloc((size_t)n, sizeof *cols);
+    if (cols == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL, *rows = NULL;
+    Buf row = {0}, value = {0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *spec = PyTuple_GET_ITEM(args[4], i), *prefix = PyTuple_GET_ITEM(args[5], i);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4 || !PyBytes_Check(prefix)) {
+            PyErr_SetString(PyExc_TypeError, "binlog_rows: a plan entry is (kind, a, b, extra), a prefix bytes");
+            goto done;
+        }
+        cols[i].kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+        cols[i].a = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+        cols[i].b = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 2));
+        cols[i].extra = PyTuple_GET_ITEM(spec, 3);
+        cols[i].prefix = prefix;
+        if (PyErr_Occurred()) goto done;
+        int k = cols[i].kind;
+        int bad = k < B_INT || k > B_BIT;
+        if ((k == B_INT && (cols[i].a < 1 || cols[i].a > 8)) ||
+            ((k == B_TEXT || k == B_BYTES || k == B_UUID) && (cols[i].a < 1 || cols[i].a > 4)) ||
+            ((k == B_ENUM || k == B_SET) && (!PyTuple_Check(cols[i].extra) || cols[i].a < 1 || cols[i].a > 8)) ||
+            (k == B_TEXT && cols[i].extra != Py_None && !PyUnicode_Check(cols[i].extra)) ||
+            ((k == B_DATETIME2 || k == B_TIMESTAMP2 || k == B_TIME2) && (cols[i].a < 0 || cols[i].a > 6)) ||
+            (k == B_BIT && (cols[i].a < 1 || cols[i].a > 8)))
+            bad = 1;
+        if (k == B_ENUM || k == B_SET)
+            for (Py_ssize_t j = 0; !bad && j < PyTuple_GET_SIZE(cols[i].extra); j++)
+                bad = !PyBytes_Check(PyTuple_GET_ITEM(cols[i].extra, j));
+        if (bad) {
+            PyErr_Format(PyExc_ValueError, "binlog_rows: plan entry %zd is not one it reads", i);
+            goto done;
+        }
+    }
+    rows = PyList_New(0);
+    if (rows == NULL) goto done;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]) + start;
+    const unsigned char *end = (const unsigned char *)PyBytes_AS_STRING(args[0]) + stop;
+    while (p < end) {
+        for (long image = 0; image < images; image++) {
+            row.size = 0;
+            int rc = binlog_image(&row, &value, cols, n, &p, end);
+            if (rc == BIN_ERROR) goto done;
+            if (rc == BIN_UNREAD) { out = Py_None; Py_INCREF(out); goto done; }
+            PyObject *bytes = PyBytes_FromStringAndSize(row.data ? row.data : "", row.size);
+            if (bytes == NULL) goto done;
+            int added = PyList_Append(rows, bytes);
+            Py_DECREF(bytes);
+            if (added < 0) goto done;
+        }
+    }
+    out = rows;
+    rows = NULL;
+done:
+    Py_XDECREF(rows);
+    buf_free(&row);
+    buf_free(&value);
+    PyMem_Free(cols);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"varint", (PyCFunction)py_varint, METH_O, NULL},
     {"length_prefixed", (PyCFunction)(void (*)(void))py_length_prefixed, METH_FASTCALL, NULL},
@@ -909,6 +1328,7 @@ static PyMethodDef methods[] = {
     {"change_records", (PyCFunction)(void (*)(void))py_change_records, METH_FASTCALL, NULL},
     {"event_ids", (PyCFunction)(void (*)(void))py_event_ids, METH_FASTCALL, NULL},
     {"row_key", (PyCFunction)(void (*)(void))py_row_key, METH_FASTCALL, NULL},
+    {"binlog_rows", (PyCFunction)(void (*)(void))py_binlog_rows, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
