@@ -94,7 +94,7 @@ def _identity(v: Any) -> Any:
     return v
 
 
-def _binary(v: bytes | str) -> bytes | str:
+def _binary(v: Any) -> Any:
     return b"" if v == "" else v  # see the module docstring: '' is an empty binary value
 
 
