@@ -7,7 +7,9 @@ service; writes a backlog of rows (int, varchar, decimal, datetime(6), an
 unsigned bigint) in transactions of `--tx` rows; then
 
 1. raw: `mysql-replication` reads the backlog and decodes every row, nothing else;
-2. service: `MysqlCapture` reads the same backlog and publishes every change to
+2. raw, rows in C: the same reader, every row read by capture's own decoder
+   (`RowDecoder.images`, `_cwire.binlog_rows`) into serialized Rows instead;
+3. service: `MysqlCapture` reads the same backlog and publishes every change to
    the bus (decode, typed values, ids, keys, protobuf, produce, epochs);
 
 and prints rows/s for each and the process's RSS. Figures, not assertions.
@@ -28,7 +30,9 @@ sys.path.insert(0, str(ROOT))  # the rig lives in tests/
 from pymysqlreplication.row_event import WriteRowsEvent  # noqa: E402
 
 from tailrace.devservers import KafkaBroker, MariaDBServer  # noqa: E402
-from tailrace_services.capture_mysql.reader import _Reader  # noqa: E402
+from tailrace_services.capture_mysql.reader import _Reader, row_images  # noqa: E402
+from tailrace_services.capture_mysql.schema import shape_from_table_map  # noqa: E402
+from tailrace_services.capture_mysql.values import RowDecoder  # noqa: E402
 from tests.fix_mysql import CaptureThread, start_control, write_spec  # noqa: E402
 
 
@@ -60,14 +64,26 @@ def write_backlog(server: MariaDBServer, rows: int, tx: int) -> float:
     return time.perf_counter() - t0
 
 
-def raw_decode(server: MariaDBServer, rows: int) -> float:
+def raw_decode(server: MariaDBServer, rows: int, in_c: bool = False) -> float:
     reader = _Reader(connection_settings=dict(server.connect_kwargs(), read_timeout=30),
                      server_id=9001, blocking=True, is_mariadb=True, auto_position="",
                      only_events=[WriteRowsEvent], enable_logging=False)
     seen = 0
+    decoders: dict[int, RowDecoder] = {}
     t0 = time.perf_counter()
     for event in reader:
-        seen += len(event.rows)
+        if in_c:
+            decoder = decoders.get(event.table_id)
+            if decoder is None:
+                shape = shape_from_table_map(event.schema, event.table, event.columns, {})
+                decoder = decoders[event.table_id] = RowDecoder(shape, event.columns)
+            where = row_images(event)
+            images = decoder.images(*where) if where is not None else None
+            if images is None:
+                raise SystemExit("a row the C decoder does not read: the bench table changed?")
+            seen += len(images)
+        else:
+            seen += len(event.rows)
         if seen >= rows:
             break
     elapsed = time.perf_counter() - t0
@@ -104,12 +120,15 @@ def main() -> None:
         write_s = write_backlog(server, args.rows, args.tx)
         before = rss_mb()
         raw_s = raw_decode(server, args.rows)
+        raw_c_s = raw_decode(server, args.rows, in_c=True)
         service_s = service_publish(server, broker, control.address, args.rows, Path(tmp))
         after = rss_mb()
         control.stop()
     print(f"backlog: {args.rows:,} rows in transactions of {args.tx} "
           f"(written in {write_s:.1f} s)")
     print(f"raw library decode : {args.rows / raw_s:>9,.0f} rows/s ({raw_s:.1f} s)")
+    print(f"raw, rows read in C: {args.rows / raw_c_s:>9,.0f} rows/s ({raw_c_s:.1f} s; "
+          f"{raw_s / raw_c_s:.1f}x the library's)")
     print(f"service to the bus : {args.rows / service_s:>9,.0f} rows/s ({service_s:.1f} s, "
           "start-up and identity checks included)")
     print(f"service / raw      : {raw_s / service_s:>9.0%}")

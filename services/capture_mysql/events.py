@@ -84,6 +84,11 @@ class EventFactory:
         """A change from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row), kept
         as bytes until its commit (`capture/changes.py`): the fields all of a table's
         events share are serialized once."""
+        return self.template(shape, sequence, op).change(b"", before, after)
+
+    def template(self, shape: TableShape, sequence: int, op: Op) -> ChangeTemplate:
+        """What the changes of one table shape, schema sequence and op share (`change`);
+        a rows event's rows take it once."""
         cached = self._templates.get((id(shape), sequence, op))
         if cached is None or cached[0] is not shape:
             if len(self._templates) > 10_000:
@@ -93,7 +98,7 @@ class EventFactory:
                 table=shape.table, op=op, key_columns=shape.key_columns,
                 schema_version=shape.fingerprint, schema_sequence=sequence))
             cached = self._templates[(id(shape), sequence, op)] = (shape, template)
-        return cached[1].change(b"", before, after)
+        return cached[1]
 
     def ddl(self, database: str, table: str, query: str, shape: TableShape | None,
             sequence: int) -> ChangeEvent:
@@ -229,31 +234,24 @@ class ChangeFeed:
             return []
         shape, decoder, sequence = self.schemas.for_rows(
             event.schema, event.table, event.columns, self._next(position, begin))
-        change, empty = self.factory.change, b""
         where = row_images(event)
-        if where is not None and (images := decoder.images(*where)) is not None:
-            self.metrics.rows.inc(len(images) // where[3])  # read in C from the event's bytes
-            if isinstance(event, WriteRowsEvent):
-                return [change(shape, sequence, Op.OP_INSERT, empty, after) for after in images]
-            if isinstance(event, UpdateRowsEvent):
-                return [change(shape, sequence, Op.OP_UPDATE, images[i], images[i + 1])
-                        for i in range(0, len(images), 2)]
-            if isinstance(event, DeleteRowsEvent):
-                return [change(shape, sequence, Op.OP_DELETE, before, empty) for before in images]
-            return []
-        rows, row = event.rows, decoder.row_bytes
-        self.metrics.rows.inc(len(rows))
+        images = decoder.images(*where) if where is not None else None
+        if images is None:  # a table or value C does not read: the library's values
+            images = decoder.library_images(event)
+        empty, template = b"", self.factory.template
         if isinstance(event, WriteRowsEvent):
-            return [change(shape, sequence, Op.OP_INSERT, row(None),
-                           row(r["values"], r["none_sources"])) for r in rows]
-        if isinstance(event, UpdateRowsEvent):
-            return [change(shape, sequence, Op.OP_UPDATE,
-                           row(r["before_values"], r["before_none_sources"]),
-                           row(r["after_values"], r["after_none_sources"])) for r in rows]
-        if isinstance(event, DeleteRowsEvent):
-            return [change(shape, sequence, Op.OP_DELETE, row(r["values"], r["none_sources"]),
-                           row(None)) for r in rows]
-        return []
+            made = template(shape, sequence, Op.OP_INSERT).change
+            changes = [made(empty, empty, after) for after in images]
+        elif isinstance(event, UpdateRowsEvent):
+            made = template(shape, sequence, Op.OP_UPDATE).change
+            changes = [made(empty, images[i], images[i + 1]) for i in range(0, len(images), 2)]
+        elif isinstance(event, DeleteRowsEvent):
+            made = template(shape, sequence, Op.OP_DELETE).change
+            changes = [made(empty, before, empty) for before in images]
+        else:
+            return []
+        self.metrics.rows.inc(len(changes))
+        return changes
 
     def _statement(self, item: Statement, position: Position) -> Iterator[ChangeEvent]:
         """DDL and TRUNCATE on selected tables become events; statement-based rows stop."""

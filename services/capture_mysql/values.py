@@ -325,6 +325,18 @@ class RowDecoder:
             return None
         return cwire.binlog_rows(data, start, end, per_row, self.plan, self._prefixes)
 
+    def library_images(self, event: Any) -> list[bytes]:
+        """`images` made from the binlog library's values of a rows event (`event.rows`)."""
+        row = self.row_bytes
+        images: list[bytes] = []
+        for r in event.rows:
+            if "before_values" in r:  # an update: before, after
+                images.append(row(r["before_values"], r["before_none_sources"]))
+                images.append(row(r["after_values"], r["after_none_sources"]))
+            else:
+                images.append(row(r["values"], r["none_sources"]))
+        return images
+
     def read_encoders(self, forms: Sequence[Callable[[Any], Any] | None]
                       ) -> tuple[bytes, tuple[Callable[[Any], bytes], ...]]:
         """Per column, how a value PyMySQL read becomes a serialized `Value` (`forms`: to

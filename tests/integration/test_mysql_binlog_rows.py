@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pymysqlreplication.row_event import UpdateRowsEvent
 
 from tailrace.devservers import MariaDBServer
 from tailrace_services.capture_mysql.gtid import MariadbGtidPosition
@@ -137,18 +136,6 @@ def _decoder(server: MariaDBServer, db: str, event: Any) -> RowDecoder:
     return RowDecoder(shape, event.columns)
 
 
-def _library(decoder: RowDecoder, event: Any) -> list[bytes]:
-    """What the library's values make through `row_bytes`: the reference."""
-    out = []
-    for row in event.rows:
-        if isinstance(event, UpdateRowsEvent):
-            out.append(decoder.row_bytes(row["before_values"], row["before_none_sources"]))
-            out.append(decoder.row_bytes(row["after_values"], row["after_none_sources"]))
-        else:
-            out.append(decoder.row_bytes(row["values"], row["none_sources"]))
-    return out
-
-
 @pytest.fixture
 def db(mariadb_server: MariaDBServer) -> str:
     name = f"r_{uuid.uuid4().hex[:10]}"
@@ -184,7 +171,7 @@ def test_rows_read_in_c_are_the_library_rows_for_every_type_it_reads(
         where = row_images(event)
         assert where is not None
         images = decoder.images(*where)
-        expected = _library(decoder, event)
+        expected = decoder.library_images(event)  # the reference
         compared += len(expected)
         if images is None:
             continue
