@@ -12,6 +12,7 @@ import math
 import random
 import struct
 
+import hiredis
 import pytest
 
 from tailrace.envelopes import Encoder, cloudevent
@@ -27,7 +28,7 @@ from tailrace.events import (
     key_and_event_json,
     key_bytes,
 )
-from tailrace.events._codec import _py_event_json, _py_key_bytes, cjson
+from tailrace.events._codec import _py_event_json, _py_key_bytes, cjson, op_name, xadd_commands
 from tailrace.proto.event_pb2 import MysqlPosition, SnapshotMark, Timestamp, ValueList
 
 DAY_US = 86_400_000_000
@@ -213,6 +214,44 @@ def test_random_events() -> None:
                    after=[(n, value()) for n in names] if rng.random() < 0.8 else None,
                    before=[(n, value()) for n in names] if rng.random() < 0.5 else None,
                    keys=keys, native=rng.choice(["postgres", "mysql", "none"])))
+
+
+def _xadd_reference(e: ChangeEvent, stream: str, trim: tuple[bytes, ...]) -> bytes:
+    """What the Redis sink's Python packs for one event (`RedisSink.entries`, `xadd_args`)."""
+    fields = {"id": e.id, "op": op_name(e.op), "key": _py_key_bytes(e),
+              "idempotency_key": e.idempotency_key, "event": _py_event_json(e)}
+    return hiredis.pack_command((b"XADD", stream, *trim, b"*",
+                                 *[x for pair in fields.items() for x in pair]))
+
+
+@pytest.mark.parametrize("trim", [(), (b"MAXLEN", b"~", b"1000")])
+def test_redis_xadd_commands_are_what_the_sink_packs(trim: tuple[bytes, ...]) -> None:
+    """`xadd_commands` (one C call a batch) against the fields the sink built per event and
+    hiredis packed: the same RESP bytes, or None where the JSON is Python's to write."""
+    rng = random.Random(20261130)
+    events = [event(rng.choice([*Op.values(), 0]), keys=("id",),
+                    after=[("id", rng.choice(VALUES)), ("é", rng.choice(VALUES))],
+                    before=[("id", rng.choice(VALUES))] if rng.random() < 0.5 else None,
+                    native=rng.choice(["postgres", "mysql", "none"]),
+                    idempotency_key=f"k{i}", id=f"id-{i}")
+              for i in range(400)]
+    streams = [rng.choice(["cdc.shop.orders", "cdc.é.x", ""]) for _ in events]
+    declined = 0
+    for e, stream in zip(events, streams, strict=True):
+        got = xadd_commands([e], [stream], trim)
+        if got is None:  # only what the single-event C JSON also leaves to Python
+            data = e.SerializeToString()
+            assert (cjson.key_json(data, lambda _: 1 / 0) is None
+                    or cjson.event_json(data, lambda _: 1 / 0) is None), e
+            declined += 1
+            continue
+        assert got == _xadd_reference(e, stream, trim), e
+    assert declined < len(events) // 4, "most values are written in C"
+    readable = [(e, s) for e, s in zip(events, streams, strict=True)
+                if xadd_commands([e], [s], trim) is not None]
+    assert xadd_commands([e for e, _ in readable], [s for _, s in readable], trim) == b"".join(
+        _xadd_reference(e, s, trim) for e, s in readable)
+    assert xadd_commands([], [], trim) == b""
 
 
 def test_json_documents_keep_pythons_spelling() -> None:

@@ -577,9 +577,92 @@ static PyObject *py_key_json(PyObject *self, PyObject *const *args, Py_ssize_t n
     return run(args, nargs, "key_json(event: bytes, fallback)", write_key);
 }
 
+/* -- Redis XADD commands (`RedisSink.xadds`) -------------------------------------------- */
+
+/* One RESP bulk string: $<size>\r\n<data>\r\n (what hiredis.pack_command writes per argument). */
+static int put_bulk(Buf *b, const char *data, Py_ssize_t n) {
+    char head[32];
+    int h = snprintf(head, sizeof head, "$%zd\r\n", n);
+    if (buf_put(b, head, h) < 0 || buf_put(b, data, n) < 0) return -1;
+    return buf_put(b, "\r\n", 2);
+}
+
+static int put_bulk_text(Buf *b, const char *s) { return put_bulk(b, s, (Py_ssize_t)strlen(s)); }
+
+/* redis_xadds(events, streams, trim, value_fallback, key_fallback) -> bytes or None.
+ *
+ * The RESP of `XADD stream [trim...] * id <id> op <op> key <key json> idempotency_key <key>
+ * event <event json>` for each serialized event, byte for byte what `RedisSink.xadd_args`
+ * packed by hiredis gives (tests/unit/test_cjson.py). None when an event is one `event_json`
+ * or `key_json` leaves to Python: the caller's Python writes the batch then. */
+static PyObject *py_redis_xadds(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyTuple_Check(args[2])
+        || !PyCallable_Check(args[3]) || !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "redis_xadds(events: list[bytes], streams: list[bytes], "
+                        "trim: tuple[bytes, ...], value_fallback, key_fallback)");
+        return NULL;
+    }
+    PyObject *events = args[0], *streams = args[1], *trim = args[2];
+    Py_ssize_t count = PyList_GET_SIZE(events), ntrim = PyTuple_GET_SIZE(trim);
+    if (PyList_GET_SIZE(streams) != count) {
+        PyErr_SetString(PyExc_ValueError, "redis_xadds: events and streams differ in length");
+        return NULL;
+    }
+    for (Py_ssize_t t = 0; t < ntrim; t++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(trim, t))) {
+            PyErr_SetString(PyExc_TypeError, "redis_xadds: trim must be bytes");
+            return NULL;
+        }
+    Event *event = PyMem_Malloc(sizeof(Event));
+    ColumnSpan *columns = PyMem_Malloc(sizeof(ColumnSpan) * MAX_COLUMNS);
+    Buf out = {0}, key = {0}, doc = {0};
+    PyObject *result = NULL;
+    int rc = 0;
+    char head[32];
+    if (event == NULL || columns == NULL) { PyErr_NoMemory(); goto done; }
+    int argc = 2 + (int)ntrim + 11;
+    int head_n = snprintf(head, sizeof head, "*%d\r\n$4\r\nXADD\r\n", argc);
+    for (Py_ssize_t i = 0; i < count && rc == 0; i++) {
+        PyObject *data = PyList_GET_ITEM(events, i), *stream = PyList_GET_ITEM(streams, i);
+        if (!PyBytes_Check(data) || !PyBytes_Check(stream)) {
+            PyErr_SetString(PyExc_TypeError, "redis_xadds: events and streams must be bytes");
+            goto done;
+        }
+        const char *p = PyBytes_AS_STRING(data);
+        if ((rc = read_event(p, p + PyBytes_GET_SIZE(data), event)) < 0) break;
+        key.size = doc.size = 0;
+        if ((rc = write_key(&key, event, columns, args[4])) < 0) break;
+        if ((rc = write_event(&doc, event, columns, args[3])) < 0) break;
+        Span id = STR(event, F_ID), idem = STR(event, F_IDEMPOTENCY);
+        if (buf_put(&out, head, head_n) < 0 ||
+            put_bulk(&out, PyBytes_AS_STRING(stream), PyBytes_GET_SIZE(stream)) < 0) { rc = -1; break; }
+        for (Py_ssize_t t = 0; t < ntrim && rc == 0; t++) {
+            PyObject *arg = PyTuple_GET_ITEM(trim, t);
+            rc = put_bulk(&out, PyBytes_AS_STRING(arg), PyBytes_GET_SIZE(arg));
+        }
+        if (rc < 0 || put_bulk_text(&out, "*") < 0 ||
+            put_bulk_text(&out, "id") < 0 || put_bulk(&out, id.p, id.n) < 0 ||
+            put_bulk_text(&out, "op") < 0 || put_bulk_text(&out, op_name(NUM(event, F_OP))) < 0 ||
+            put_bulk_text(&out, "key") < 0 || put_bulk(&out, key.data ? key.data : "", key.size) < 0 ||
+            put_bulk_text(&out, "idempotency_key") < 0 || put_bulk(&out, idem.p, idem.n) < 0 ||
+            put_bulk_text(&out, "event") < 0 || put_bulk(&out, doc.data ? doc.data : "", doc.size) < 0)
+            rc = -1;
+    }
+    if (rc == 0) result = buf_bytes(&out);
+    else if (rc == -2 && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(event);
+    PyMem_Free(columns);
+    buf_free(&out);
+    buf_free(&key);
+    buf_free(&doc);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"event_json", (PyCFunction)(void (*)(void))py_event_json, METH_FASTCALL, NULL},
     {"key_json", (PyCFunction)(void (*)(void))py_key_json, METH_FASTCALL, NULL},
+    {"redis_xadds", (PyCFunction)(void (*)(void))py_redis_xadds, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -144,6 +144,18 @@ def key_and_event_json(event: ChangeEvent) -> tuple[bytes, bytes]:
     return _key_json(event, data), _event_json(event, data)
 
 
+def xadd_commands(events: Sequence[ChangeEvent], streams: Sequence[str],
+                  trim: tuple[bytes, ...]) -> bytes | None:
+    """`XADD stream [trim...] * id .. op .. key .. idempotency_key .. event ..` of each event
+    with the native envelope, packed as RESP in one C call (the Redis sink's fields); None
+    without `_cjson`, or when an event is one whose JSON Python must write: the caller
+    packs its own commands then."""
+    if cjson is None:
+        return None
+    return cjson.redis_xadds([e.SerializeToString() for e in events],
+                             [s.encode() for s in streams], trim, _value_json, _key_value_json)
+
+
 def _py_event_json(event: ChangeEvent) -> bytes:
     """`event_json` in Python: the reference of `_cjson.event_json` (tests/unit/test_cjson.py)."""
     return _dumps(event_to_json_dict(event)).encode()
