@@ -264,7 +264,10 @@ def _binlog_column(column: Any, shape: ColumnShape) -> tuple[int, int, int, obje
         labels = tuple(v.encode() for v in column.enum_values or ())
         return BinlogKind.ENUM, column.size, 0, labels
     if t == FIELD_TYPE.SET:
-        return BinlogKind.SET, column.size, 0, tuple(v.encode() for v in column.set_values or ())
+        members = tuple(v.encode() for v in column.set_values or ())
+        if len(set(members)) != len(members):  # the library's labels it cannot read are all ''
+            return None  # and its members a Python set: C would repeat them
+        return BinlogKind.SET, column.size, 0, members
     if t == FIELD_TYPE.BIT:
         return BinlogKind.BIT, column.bytes, column.bits, None
     if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):
@@ -281,6 +284,8 @@ def _binlog_column(column: Any, shape: ColumnShape) -> tuple[int, int, int, obje
     if name == "json":
         return (BinlogKind.TEXT, size, 10, None) if text and codec is None else None
     if not text:
+        if name not in _BINARY_TYPES:  # a charset Python has no codec for: the library
+            return None  # hands bytes, but '' for an empty value (module docstring)
         pad = column.max_length if name == "binary" and t == FIELD_TYPE.STRING else 0
         return BinlogKind.BYTES, size, pad, None
     return BinlogKind.TEXT, size, 8, codec

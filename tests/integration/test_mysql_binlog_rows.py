@@ -182,6 +182,33 @@ def test_rows_read_in_c_are_the_library_rows_for_every_type_it_reads(
     assert read_in_c == compared, "no value of these rows needs the library"
 
 
+def test_set_members_and_charsets_python_has_no_codec_for(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    """The library names a SET label it cannot read '' and keeps members in a Python set;
+    it hands '' (text) for an empty value of a charset without a Python codec, else bytes."""
+    mariadb_server.execute(f"CREATE TABLE {db}.s (id int PRIMARY KEY, a set('','a'), "
+                           "b set('é','a') CHARACTER SET latin1)")
+    mariadb_server.execute(f"CREATE TABLE {db}.d (id int PRIMARY KEY, "
+                           "c set('é','ü','a') CHARACTER SET latin1)")
+    mariadb_server.execute(f"CREATE TABLE {db}.u (id int PRIMARY KEY, "
+                           "u varchar(10) CHARACTER SET ucs2)")
+    start = _start(mariadb_server)
+    _insert(mariadb_server, db, "s", [{"a": ",a", "b": "é,a"}, {"a": "", "b": "a"}])
+    _insert(mariadb_server, db, "d", [{"c": "é,ü,a"}])
+    _insert(mariadb_server, db, "u", [{"u": ""}, {"u": "x"}])
+    by_table: dict[str, list[Any]] = {}
+    for event in _rows_events(mariadb_server, start):
+        if event.schema == db:
+            by_table.setdefault(event.table, []).append(event)
+    for event in by_table["s"]:
+        decoder = _decoder(mariadb_server, db, event)
+        where = row_images(event)
+        assert where is not None
+        assert decoder.images(*where) == decoder.library_images(event)
+    assert _decoder(mariadb_server, db, by_table["d"][0]).plan is None  # labels '' twice
+    assert _decoder(mariadb_server, db, by_table["u"][0]).plan is None  # no ucs2 codec
+
+
 def test_what_c_does_not_read_is_left_to_the_library(
         mariadb_server: MariaDBServer, db: str) -> None:
     """A negative TIME, a DATE the library refuses and an INET6 column: C declines (None)."""

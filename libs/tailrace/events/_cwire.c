@@ -950,11 +950,15 @@ static int utf8_valid(const unsigned char *s, Py_ssize_t n) {
     return 1;
 }
 
-/* The fractional seconds of a DATETIME2/TIME2/TIMESTAMP2 value, as the library reads them. */
+/* The fractional seconds of a DATETIME2/TIME2/TIMESTAMP2 value, as the library reads them;
+ * -1 for bytes past the digits they hold (never written by a server: the library reads them
+ * as negative or out of range, so they are its to decode). */
 static int64_t binlog_fsp(const unsigned char *p, int fsp) {
     int size = (fsp + 1) / 2;
     if (size == 0) return 0;
     int64_t v = (int64_t)be_uint(p, size);
+    static const int64_t limit[] = {1, 100, 10000, 1000000};
+    if (v >= limit[size]) return -1;
     if (fsp % 2) v /= 10;
     static const int64_t scale[] = {1000000, 100000, 10000, 1000, 100, 10, 1};
     return v * scale[fsp];
@@ -1002,21 +1006,32 @@ static int binlog_decimal(Buf *b, const unsigned char **pp, const unsigned char 
     int negative = !(raw[0] & 0x80);
     raw[0] ^= 0x80;
     if (negative) for (int i = 0; i < size; i++) raw[i] ^= 0xFF;
+    static const uint64_t pow10[10] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000,
+                                        100000000, 1000000000};
     char digits[160];
-    int n = 0, at = 0;
+    int n = 0, at = 0, before;
+    uint64_t group;
+    /* a group past its digits is never written by a server: the library's signed reads
+     * make something else of it, so it is the library's to decode */
     if (dig2bytes[intg0x]) {
-        n += sprintf(digits + n, "%llu", (unsigned long long)be_uint(raw, dig2bytes[intg0x]));
+        if ((group = be_uint(raw, dig2bytes[intg0x])) >= pow10[intg0x]) return BIN_UNREAD;
+        n += sprintf(digits + n, "%llu", (unsigned long long)group);
         at += dig2bytes[intg0x];
     }
-    for (int i = 0; i < intg0; i++, at += 4)
-        n += sprintf(digits + n, "%09llu", (unsigned long long)be_uint(raw + at, 4));
-    int before = n;
-    for (int i = 0; i < frac0; i++, at += 4)
-        n += sprintf(digits + n, "%09llu", (unsigned long long)be_uint(raw + at, 4));
-    if (dig2bytes[frac0x])
-        n += sprintf(digits + n, "%0*llu", frac0x,
-                     (unsigned long long)be_uint(raw + at, dig2bytes[frac0x]));
-    if (n - before != scale || n > 100) return BIN_UNREAD;  /* a group wider than its digits */
+    for (int i = 0; i < intg0; i++, at += 4) {
+        if ((group = be_uint(raw + at, 4)) >= pow10[9]) return BIN_UNREAD;
+        n += sprintf(digits + n, "%09llu", (unsigned long long)group);
+    }
+    before = n;
+    for (int i = 0; i < frac0; i++, at += 4) {
+        if ((group = be_uint(raw + at, 4)) >= pow10[9]) return BIN_UNREAD;
+        n += sprintf(digits + n, "%09llu", (unsigned long long)group);
+    }
+    if (dig2bytes[frac0x]) {
+        if ((group = be_uint(raw + at, dig2bytes[frac0x])) >= pow10[frac0x]) return BIN_UNREAD;
+        n += sprintf(digits + n, "%0*llu", frac0x, (unsigned long long)group);
+    }
+    if (n - before != scale || n > 100) return BIN_UNREAD;
     if (n == 0) { digits[0] = '0'; n = 1; }
     return buf_decimal_text(b, negative, digits, n, scale) < 0 ? BIN_ERROR : BIN_OK;
 }
@@ -1092,6 +1107,7 @@ static int binlog_value(Buf *b, const BinCol *c, const unsigned char **pp, const
         NEED(size);
         uint64_t v = be_uint(p, 5);
         int64_t us = binlog_fsp(p + 5, c->a);
+        if (us < 0) return BIN_UNREAD;
         *pp = p + size;
         int ym = (int)((v >> 22) & 0x1FFFF), y = ym / 13, m = ym % 13;
         int d = (v >> 17) & 0x1F, hh = (v >> 12) & 0x1F, mi = (v >> 6) & 0x3F, ss = v & 0x3F;
@@ -1106,6 +1122,7 @@ static int binlog_value(Buf *b, const BinCol *c, const unsigned char **pp, const
         NEED(size);
         int64_t seconds = (int32_t)(uint32_t)be_uint(p, 4);
         int64_t us = binlog_fsp(p + 4, c->a);
+        if (us < 0) return BIN_UNREAD;
         *pp = p + size;
         return buf_value_timestamp(b, seconds * 1000000 + us, 1) < 0 ? BIN_ERROR : BIN_OK;
     }
@@ -1115,6 +1132,7 @@ static int binlog_value(Buf *b, const BinCol *c, const unsigned char **pp, const
         uint32_t v = (uint32_t)be_uint(p, 3);
         if (!(v & 0x800000)) return BIN_UNREAD;  /* negative: the library's own arithmetic */
         int64_t us = binlog_fsp(p + 3, c->a);
+        if (us < 0) return BIN_UNREAD;
         *pp = p + size;
         int64_t hh = (v >> 12) & 0x3FF, mi = (v >> 6) & 0x3F, ss = v & 0x3F;
         int64_t total = ((hh * 60 + mi) * 60 + ss) * 1000000 + us;
@@ -1188,12 +1206,13 @@ static int binlog_value(Buf *b, const BinCol *c, const unsigned char **pp, const
         *pp = p + c->a;
         char text[4096];
         Py_ssize_t n = 0, count = PyTuple_GET_SIZE(c->extra);
+        int members = 0;  /* a member may be '' (the library's name for a label it cannot read) */
         for (Py_ssize_t i = 0; i < count && i < 64; i++) {
             if (!(mask & ((uint64_t)1 << i))) continue;
             PyObject *label = PyTuple_GET_ITEM(c->extra, i);
             Py_ssize_t size = PyBytes_GET_SIZE(label);
             if (n + size + 1 > (Py_ssize_t)sizeof text) return BIN_UNREAD;
-            if (n) text[n++] = ',';
+            if (members++) text[n++] = ',';
             memcpy(text + n, PyBytes_AS_STRING(label), size);
             n += size;
         }
@@ -1279,7 +1298,8 @@ static PyObject *py_binlog_rows(PyObject *self, PyObject *const *args, Py_ssize_
             ((k == B_ENUM || k == B_SET) && (!PyTuple_Check(cols[i].extra) || cols[i].a < 1 || cols[i].a > 8)) ||
             (k == B_TEXT && cols[i].extra != Py_None && !PyUnicode_Check(cols[i].extra)) ||
             ((k == B_DATETIME2 || k == B_TIMESTAMP2 || k == B_TIME2) && (cols[i].a < 0 || cols[i].a > 6)) ||
-            (k == B_BIT && (cols[i].a < 1 || cols[i].a > 8)))
+            (k == B_BIT && (cols[i].a < 1 || cols[i].a > 8)) ||
+            (k == B_DECIMAL && (cols[i].a < 1 || cols[i].a > 65 || cols[i].b < 0 || cols[i].b > cols[i].a)))
             bad = 1;
         if (k == B_ENUM || k == B_SET)
             for (Py_ssize_t j = 0; !bad && j < PyTuple_GET_SIZE(cols[i].extra); j++)
