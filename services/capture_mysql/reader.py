@@ -27,6 +27,11 @@ server, `tests/integration/test_mysql_binlog.py` and `test_mysql_capture.py` wit
    from the table-map metadata (`binlog_row_metadata=FULL`, checked before
    streaming), and a table map without names stops the stream.
 
+4. latin1 text. The library decodes MySQL's latin1 with Python's cp1252, which has no
+   character for five bytes the server stores and converts (0x81, 0x8D, 0x8F, 0x90, 0x9D,
+   C1 controls to MySQL): such a row stopped capture. Its codec lookup is pointed at
+   `values.MYSQL_LATIN1`, MySQL's own table.
+
 Heartbeats: the server is asked to send one every `heartbeat_s` when idle,
 well below `read_timeout_s`, so a quiet source is not a dead connection.
 
@@ -74,6 +79,7 @@ from tailrace.errors import FatalError
 from tailrace.logs import get_logger
 from tailrace_services.capture_mysql.errors import StreamLostError, read_error
 from tailrace_services.capture_mysql.gtid import GtidState, MariadbGtid, MariadbGtidPosition
+from tailrace_services.capture_mysql.values import mysql_encoding
 
 __all__ = [
     "BinlogHeader",
@@ -93,6 +99,16 @@ __all__ = [
 log = get_logger(__name__)
 
 _FL_STANDALONE = 0x01  # MariaDB GTID event flag: the transaction is one statement (DDL)
+
+
+_library_encoding = RowsEvent.charset_to_encoding
+
+
+def _charset_to_encoding(name: str) -> str:
+    return mysql_encoding(_library_encoding(name))
+
+
+RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # fault 4 above
 
 
 class _Reader(BinLogStreamReader):  # type: ignore[misc]  # pymysqlreplication is untyped (Any)

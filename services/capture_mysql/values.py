@@ -62,8 +62,8 @@ from tailrace.events._wire import (
 )
 from tailrace_services.capture.snapshot.chunks import KIND_OBJECT
 
-__all__ = ["BinlogKind", "ColumnShape", "RowDecoder", "TableShape", "binlog_plan",
-           "converter_for", "make_row"]
+__all__ = ["MYSQL_LATIN1", "BinlogKind", "ColumnShape", "RowDecoder", "TableShape", "binlog_plan",
+           "converter_for", "make_row", "mysql_encoding"]
 
 
 class ColumnShape(Protocol):
@@ -230,13 +230,42 @@ _FSP_KIND = {FIELD_TYPE.DATETIME2: BinlogKind.DATETIME2,
              FIELD_TYPE.TIMESTAMP2: BinlogKind.TIMESTAMP2, FIELD_TYPE.TIME2: BinlogKind.TIME2}
 
 
+MYSQL_LATIN1 = "tailrace-mysql-latin1"
+"""MySQL's latin1: Windows-1252, with the five bytes it leaves undefined (0x81, 0x8D, 0x8F,
+0x90, 0x9D) read as the C1 controls of the same number, as the server converts them.
+Python's cp1252 refuses those bytes, which stopped capture on text the server accepts."""
+
+_LATIN1_TABLE = "".join(bytes([b]).decode("cp1252", errors="ignore") or chr(b)
+                        for b in range(256))
+
+
+def _latin1_codec(name: str) -> codecs.CodecInfo | None:
+    if name != MYSQL_LATIN1.replace("-", "_"):
+        return None
+    encoding = codecs.charmap_build(_LATIN1_TABLE)
+    return codecs.CodecInfo(
+        name=MYSQL_LATIN1,
+        encode=lambda text, errors="strict": codecs.charmap_encode(text, errors, encoding),
+        decode=lambda data, errors="strict": codecs.charmap_decode(data, errors,
+                                                                    _LATIN1_TABLE))
+
+
+codecs.register(_latin1_codec)
+
+
+def mysql_encoding(encoding: str) -> str:
+    """The codec to decode text the binlog library names by `encoding` with (pymysql names
+    MySQL's latin1 `cp1252`)."""
+    return MYSQL_LATIN1 if encoding == "cp1252" else encoding
+
+
 def _codec(charset: str | None) -> tuple[bool, str | None]:
     """(is text, the Python codec when not UTF-8), as the binlog library decodes a column:
     with its charset's codec, or left bytes when Python has none (`binary`)."""
     if charset is None:
         return True, None
     found = charset_by_name(charset)
-    name = found.encoding if found else charset
+    name = mysql_encoding(found.encoding if found else charset)
     try:
         codec = codecs.lookup(name).name
     except LookupError:

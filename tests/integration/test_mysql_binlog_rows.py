@@ -15,7 +15,7 @@ from tailrace.devservers import MariaDBServer
 from tailrace_services.capture_mysql.gtid import MariadbGtidPosition
 from tailrace_services.capture_mysql.reader import BinlogStream, RowChange, row_images
 from tailrace_services.capture_mysql.schema import TypeHints, shape_from_table_map
-from tailrace_services.capture_mysql.values import RowDecoder
+from tailrace_services.capture_mysql.values import MYSQL_LATIN1, RowDecoder
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ _EDGES: list[dict[str, Any]] = [
      "dec3": "0", "dec4": "0", "dec5": "0", "dec6": "0", "dec7": "-0.000000010",
      "dt": "1000-01-01", "dtm": "2024-02-29 12:00:00", "dtm6": "2024-05-06 07:08:09",
      "y": "1901", "e": "a", "s": "x,z", "b1": 0, "b10": 0, "b64": 0, "bin": b"12345678",
-     "dtm3": "1970-01-01 00:00:00"},
+     "dtm3": "1970-01-01 00:00:00", "lat": "\x81\x8d\x8f\x90\x9d €"},
     {"f": 1.1, "dec3": "0.00000010", "dec1": "0.05", "dtm6": "2024-02-30 10:00:00", "y": "2155",
      "s": "x,y,z", "e": "b", "d": 0.1, "vc": "tab\there"},
 ]
@@ -207,6 +207,15 @@ def test_set_members_and_charsets_python_has_no_codec_for(
         assert decoder.images(*where) == decoder.library_images(event)
     assert _decoder(mariadb_server, db, by_table["d"][0]).plan is None  # labels '' twice
     assert _decoder(mariadb_server, db, by_table["u"][0]).plan is None  # no ucs2 codec
+
+
+def test_latin1_text_is_read_as_the_server_converts_it(mariadb_server: MariaDBServer) -> None:
+    """MySQL's latin1 is not Python's cp1252: its five undefined bytes are C1 controls."""
+    every = bytes(range(256))
+    (text,) = mariadb_server.execute(
+        "SELECT CONVERT(CAST(UNHEX(%s) AS CHAR CHARACTER SET latin1) USING utf8mb4)",
+        (every.hex(),))[0]
+    assert every.decode(MYSQL_LATIN1) == text
 
 
 def test_what_c_does_not_read_is_left_to_the_library(
