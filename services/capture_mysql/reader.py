@@ -99,6 +99,7 @@ __all__ = [
 log = get_logger(__name__)
 
 _FL_STANDALONE = 0x01  # MariaDB GTID event flag: the transaction is one statement (DDL)
+_HEADER = 20  # a binlog packet's OK byte and event header, before the event's own bytes
 
 
 _library_encoding = RowsEvent.charset_to_encoding
@@ -357,9 +358,6 @@ class BinlogStream:
         return str(prev) if prev is not None else ""
 
 
-_HEADER = 20  # the packet's OK byte and the event header, before the event's own bytes
-
-
 def row_images(event: RowsEvent) -> tuple[bytes, int, int, int] | None:
     """Where a rows event's row images lie in its packet: (packet bytes, start, end, images
     per row), for `values.RowDecoder.images`; None unless every column of every image is
@@ -370,7 +368,7 @@ def row_images(event: RowsEvent) -> tuple[bytes, int, int, int] | None:
     present = [event.columns_present_bitmap]
     if isinstance(event, UpdateRowsEvent):
         present.append(event.columns_present_bitmap2)
-    if any(int.from_bytes(bitmap, "little") != every for bitmap in present):
+    if any(int.from_bytes(bitmap, "little") & every != every for bitmap in present):
         return None
     packet = event.packet
     return (packet.packet.get_all_data(), _HEADER + packet.read_bytes,
