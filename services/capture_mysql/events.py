@@ -79,16 +79,10 @@ class EventFactory:
         # per (table shape, schema sequence, op): what its changes share
         self._templates: dict[tuple[int, int, int], tuple[TableShape, ChangeTemplate]] = {}
 
-    def change(self, shape: TableShape, sequence: int, op: Op, before: bytes, after: bytes
-               ) -> Change:
-        """A change from its rows' bytes (`RowDecoder.row_bytes`; b"": an empty row), kept
-        as bytes until its commit (`capture/changes.py`): the fields all of a table's
-        events share are serialized once."""
-        return self.template(shape, sequence, op).change(b"", before, after)
-
     def template(self, shape: TableShape, sequence: int, op: Op) -> ChangeTemplate:
-        """What the changes of one table shape, schema sequence and op share (`change`);
-        a rows event's rows take it once."""
+        """What the changes of one table shape, schema sequence and op share: its `change`
+        makes one from its rows' bytes (`RowDecoder.images`; b"": an empty row), kept as
+        bytes until its commit (`capture/changes.py`). A rows event's rows take it once."""
         cached = self._templates.get((id(shape), sequence, op))
         if cached is None or cached[0] is not shape:
             if len(self._templates) > 10_000:

@@ -98,6 +98,9 @@ def _binary(v: Any) -> Any:
     return b"" if v == "" else v  # see the module docstring: '' is an empty binary value
 
 
+_BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+
+
 def _float32(v: float) -> float:
     packed = struct.pack("<f", v)
     for digits in range(6, 10):
@@ -198,8 +201,6 @@ def converter_for(column: ColumnShape) -> Converter:
         return _binary
     return _identity
 
-
-_BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 
 
 class BinlogKind(IntEnum):
@@ -345,10 +346,9 @@ class RowDecoder:
         self._columns = [(c.name, c.type, converter_for(c), c.field_type == FIELD_TYPE.SET)
                          for c in shape.columns]
         self._converters = [convert for _, _, convert, _ in self._columns]
-        self.prefixes = [column_prefix(name, type_name) for name, type_name, _, _
-                         in self._columns]
+        self.prefixes = tuple(column_prefix(name, type_name) for name, type_name, _, _
+                              in self._columns)
         """Per column, its `Column` fields but the value (`_wire.row_bytes`)."""
-        self._prefixes = tuple(self.prefixes)
 
     def images(self, data: bytes, start: int, end: int, per_row: int) -> list[bytes] | None:
         """A rows event's row images (`data[start:end]`, `reader.row_images`) as serialized
@@ -357,7 +357,7 @@ class RowDecoder:
         there: the library's `event.rows` and `row_bytes` then make the same bytes."""
         if self.plan is None:
             return None
-        return cwire.binlog_rows(data, start, end, per_row, self.plan, self._prefixes)
+        return cwire.binlog_rows(data, start, end, per_row, self.plan, self.prefixes)
 
     def library_images(self, event: Any) -> list[bytes]:
         """`images` made from the binlog library's values of a rows event (`event.rows`)."""

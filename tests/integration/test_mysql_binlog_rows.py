@@ -4,6 +4,7 @@ column type it reads, their edges included; the library decodes what it does not
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 from collections.abc import Iterator
@@ -126,12 +127,18 @@ def _rows_events(server: MariaDBServer, start: MariadbGtidPosition) -> Iterator[
         stream.close()
 
 
-def _decoder(server: MariaDBServer, db: str, event: Any) -> RowDecoder:
-    conn = server.connect(db)
+@functools.cache
+def _hints(server: MariaDBServer, database: str, table: str) -> dict[str, str]:
+    """The table's catalog hints, read once per table (as capture keeps them)."""
+    conn = server.connect(database)
     try:
-        hints = TypeHints("mariadb").get(conn, event.schema, event.table)
+        return TypeHints("mariadb").get(conn, database, table)
     finally:
         conn.close()
+
+
+def _decoder(server: MariaDBServer, event: Any) -> RowDecoder:
+    hints = _hints(server, event.schema, event.table)
     shape = shape_from_table_map(event.schema, event.table, event.columns, hints)
     return RowDecoder(shape, event.columns)
 
@@ -166,7 +173,7 @@ def test_rows_read_in_c_are_the_library_rows_for_every_type_it_reads(
     for event in _rows_events(mariadb_server, start):
         if event.schema != db:
             continue
-        decoder = _decoder(mariadb_server, db, event)
+        decoder = _decoder(mariadb_server, event)
         assert decoder.plan is not None, "every column of this table is one C reads"
         where = row_images(event)
         assert where is not None
@@ -201,12 +208,12 @@ def test_set_members_and_charsets_python_has_no_codec_for(
         if event.schema == db:
             by_table.setdefault(event.table, []).append(event)
     for event in by_table["s"]:
-        decoder = _decoder(mariadb_server, db, event)
+        decoder = _decoder(mariadb_server, event)
         where = row_images(event)
         assert where is not None
         assert decoder.images(*where) == decoder.library_images(event)
-    assert _decoder(mariadb_server, db, by_table["d"][0]).plan is None  # labels '' twice
-    assert _decoder(mariadb_server, db, by_table["u"][0]).plan is None  # no ucs2 codec
+    assert _decoder(mariadb_server, by_table["d"][0]).plan is None  # labels '' twice
+    assert _decoder(mariadb_server, by_table["u"][0]).plan is None  # no ucs2 codec
 
 
 def test_latin1_text_is_read_as_the_server_converts_it(mariadb_server: MariaDBServer) -> None:
@@ -230,11 +237,11 @@ def test_what_c_does_not_read_is_left_to_the_library(
     events = [e for e in _rows_events(mariadb_server, start) if e.schema == db]
     assert [e.table for e in events] == ["t", "t", "n"]
     negative, invalid, inet = events
-    decoder = _decoder(mariadb_server, db, negative)
+    decoder = _decoder(mariadb_server, negative)
     assert decoder.plan is not None
     for event in (negative, invalid):
         where = row_images(event)
         assert where is not None
         assert decoder.images(*where) is None
     assert str(negative.rows[0]["values"]["tm"]) == "-1 day, 22:57:56.500000"  # the library's
-    assert _decoder(mariadb_server, db, inet).plan is None
+    assert _decoder(mariadb_server, inet).plan is None

@@ -143,12 +143,12 @@ def test_a_stamped_mysql_change_is_the_event_stamping_gives() -> None:
     decoder, factory = RowDecoder(shape), MysqlFactory("src", "acme")
     row = {"id": 7, "txt": "é", "y": 2024}
     other = {"id": 8, "txt": None, "y": 1999}
-    items = [factory.change(shape, 1, Op.OP_INSERT, decoder.row_bytes(None),
-                            decoder.row_bytes(row)),
-             factory.change(shape, 1, Op.OP_UPDATE, decoder.row_bytes(row),
-                            decoder.row_bytes(other)),
-             factory.change(shape, 2, Op.OP_DELETE, decoder.row_bytes(other),
-                            decoder.row_bytes(None))]
+    items = [factory.template(shape, 1, Op.OP_INSERT).change(
+                 b"", decoder.row_bytes(None), decoder.row_bytes(row)),
+             factory.template(shape, 1, Op.OP_UPDATE).change(
+                 b"", decoder.row_bytes(row), decoder.row_bytes(other)),
+             factory.template(shape, 2, Op.OP_DELETE).change(
+                 b"", decoder.row_bytes(other), decoder.row_bytes(None))]
     position = CapturePosition("mariadb", tx_seq=41, gtid="0-1-41", gtid_set="0-1-41",
                                file="b.000001", offset=4, server_id=1, identity="id-1")
     native, commit_ts, captured_us = position.to_proto(), 1_795_000_000, 1_795_000_000_654_321

@@ -193,8 +193,8 @@ def test_an_event_parsed_from_its_template_equals_one_built_field_by_field() -> 
     for op, before, after in ((Op.OP_INSERT, None, row), (Op.OP_UPDATE, row, row),
                               (Op.OP_DELETE, row, None)):
         for sequence in (1, 2, 1):
-            built = factory.change(shape, sequence, op, decoder.row_bytes(before),
-                                   decoder.row_bytes(after)).event()
+            built = factory.template(shape, sequence, op).change(
+                b"", decoder.row_bytes(before), decoder.row_bytes(after)).event()
             expected = ChangeEvent(
                 source_id="src", tenant="acme", database="shop", table="t", op=op,
                 before=decoder.row(before), after=decoder.row(after),

@@ -70,6 +70,19 @@ static int buf_value_int(Buf *b, int64_t n) {
     return buf_varint(b, ((uint64_t)n << 1) ^ (uint64_t)(n >> 63));
 }
 
+/* Value.uint_value (5) only past int64, as `value_int` chooses */
+static int buf_value_uint(Buf *b, uint64_t u) {
+    if (u < ((uint64_t)1 << 63)) return buf_value_int(b, (int64_t)u);
+    return buf_put(b, "\x28", 1) < 0 ? -1 : buf_varint(b, u);
+}
+
+/* Value.float_value (6): fixed64, little-endian */
+static int buf_value_double(Buf *b, double x) {
+    char out[9] = {0x31};
+    if (PyFloat_Pack8(x, out + 1, 1) < 0) return -1;
+    return buf_put(b, out, 9);
+}
+
 static int buf_value_pylong(Buf *b, PyObject *obj) {
     int overflow;
     long long n = PyLong_AsLongLongAndOverflow(obj, &overflow);
@@ -81,8 +94,7 @@ static int buf_value_pylong(Buf *b, PyObject *obj) {
             PyErr_Format(PyExc_ValueError, "integer %R is out of range for a Value (uint64)", obj);
             return -1;
         }
-        if (buf_put(b, "\x28", 1) < 0) return -1;
-        return buf_varint(b, u);
+        return buf_value_uint(b, u);
     }
     PyErr_Format(PyExc_ValueError, "integer %R is out of range for a Value (int64)", obj);
     return -1;
@@ -199,11 +211,7 @@ static int buf_object_value(Buf *b, PyObject *obj) {
     if (PyUnicode_CheckExact(obj)) return buf_value_string(b, 8, obj) < 0 ? -1 : 1;
     if (PyBytes_CheckExact(obj))
         return buf_field(b, 9, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj)) < 0 ? -1 : 1;
-    if (PyFloat_CheckExact(obj)) {
-        char out[9] = {0x31};
-        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(obj), out + 1, 1) < 0) return -1;
-        return buf_put(b, out, 9) < 0 ? -1 : 1;
-    }
+    if (PyFloat_CheckExact(obj)) return buf_value_double(b, PyFloat_AS_DOUBLE(obj)) < 0 ? -1 : 1;
     if (PyDateTime_CheckExact(obj)) {
         int64_t offset = 0, aware = 0;
         PyObject *tz = PyDateTime_DATE_GET_TZINFO(obj);
@@ -1047,18 +1055,6 @@ static double float32_shortest(float f) {
         if (memcmp(&back, &f, sizeof f) == 0) return candidate;
     }
     return v;
-}
-
-static int buf_value_double(Buf *b, double x) {
-    char out[9];
-    out[0] = 0x31;
-    memcpy(out + 1, &x, 8);  /* little-endian machines only (setup.py builds for them) */
-    return buf_put(b, out, 9);
-}
-
-static int buf_value_uint(Buf *b, uint64_t u) {
-    if (u < ((uint64_t)1 << 63)) return buf_value_int(b, (int64_t)u);
-    return buf_put(b, "\x28", 1) < 0 ? -1 : buf_varint(b, u);
 }
 
 /* One non-NULL value of column `c` at *pp into `b` (a serialized Value). */

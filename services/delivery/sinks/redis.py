@@ -285,8 +285,7 @@ class RedisSink(ExactlyOnceSink):
 
     def xadd_args(self, stream: str, fields: dict[str, Any]) -> tuple[Any, ...]:
         """`xadd`'s command: XADD stream [MAXLEN ~ n] * field value ..."""
-        trim = (b"MAXLEN", b"~", self._spec.maxlen) if self._spec.maxlen is not None else ()
-        return (b"XADD", stream, *trim, b"*", *[x for pair in fields.items() for x in pair])
+        return (b"XADD", stream, *self._trim, b"*", *[x for pair in fields.items() for x in pair])
 
     def read_checkpoint(self, pipeline: str, partition: int, rewind: int) -> Position | None:
         self.open()
