@@ -89,6 +89,10 @@ def run(variant: str, seconds: float, conf: dict[str, str]) -> None:
     print(f"{variant:>10}{' ' + str(conf) if conf else ''}: {len(progress)} batches; median triggerExecution "
           f"{statistics.median(trigger):.0f} ms, addBatch {statistics.median(add):.0f} ms, "
           f"foreachBatch body {statistics.median(body_ms[5:]):.0f} ms")
+    phases = sorted({key for p in progress for key in p["durationMs"]})
+    print("  medians, ms: " + ", ".join(
+        f"{key} {statistics.median(p['durationMs'].get(key, 0) for p in progress):.0f}"
+        for key in phases))
 
 
 def main() -> None:

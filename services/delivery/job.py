@@ -111,6 +111,11 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
                      else "0.0.0.0")
              .config("spark.driver.host", driver_host)
              .config("spark.python.worker.reuse", "true")
+             # A task's Python worker talks to its executor over a Unix socket, not TCP:
+             # over loopback TCP the executor's second small write (the task's input after
+             # its command) waited for the worker's delayed ACK (Nagle), ~40 ms per task
+             # (docs/performance.md, 2026-11-30 day)
+             .config("spark.python.unix.domain.socket.enabled", "true")
              .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
              # The query's offset and commit logs are written every micro-batch, yet never
              # read by us: a query starts from the control service's checkpoints, in a new
