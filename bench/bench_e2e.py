@@ -24,6 +24,7 @@ missing. Figures, not assertions: they depend on the machine and its load (print
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import multiprocessing as mp
@@ -57,6 +58,7 @@ from tailrace.devservers import (  # noqa: E402
     free_port,  # noqa: E402
 )
 from tailrace.devservers.noida import NoidaKafka  # noqa: E402
+from tailrace.events import decode_record, key_bytes  # noqa: E402
 from tailrace_services.cli.localauth import local_tokens  # noqa: E402
 from tailrace_services.cli.supervisor import Supervisor  # noqa: E402
 from tailrace_services.cli.up import HttpPorts, start_pipeline  # noqa: E402
@@ -128,6 +130,7 @@ class Arrivals(threading.Thread):
         super().__init__(daemon=True)
         self.sink, self.url = sink, url
         self.at: dict[int, float] = {}
+        self.written: dict[int, float] = {}  # when the sink wrote it: stream id, record time
         self.copies = 0  # arrivals of a row seen before
         self.stopped = threading.Event()
 
@@ -137,7 +140,7 @@ class Arrivals(threading.Thread):
         else:
             self._kafka()
 
-    def _note(self, key: bytes | str) -> None:
+    def _note(self, key: bytes | str, written_ms: int) -> None:
         pk = json.loads(key)["pk"]
         if "id" in pk:  # not a DDL event (MySQL sends the CREATE TABLE)
             row = int(pk["id"])
@@ -145,6 +148,7 @@ class Arrivals(threading.Thread):
                 self.copies += 1
             else:
                 self.at[row] = time.time()
+                self.written[row] = written_ms / 1000
 
     def _redis(self) -> None:
         client = redis.Redis.from_url(self.url)
@@ -152,8 +156,8 @@ class Arrivals(threading.Thread):
         while not self.stopped.is_set():
             found = client.xread({"e2e": last}, count=10_000, block=200)
             for _, entries in found or []:
-                for entry_id, fields in entries:
-                    self._note(fields[b"key"])
+                for entry_id, fields in entries:  # the id's first part: Redis's clock, ms
+                    self._note(fields[b"key"], int(entry_id.split(b"-")[0]))
                     last = entry_id
 
     def _kafka(self) -> None:
@@ -182,7 +186,7 @@ class Arrivals(threading.Thread):
             # timeout would count up to itself as latency (it did: 200 ms)
             for message in consumer.consume(10_000, 0.01):
                 if message.error() is None and message.key() is not None:
-                    self._note(message.key())
+                    self._note(message.key(), message.timestamp()[1])  # the sink's produce()
         consumer.close()
 
 
@@ -268,8 +272,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def paced_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, rate: int,
-                first_id: int) -> tuple[list[float], int, int]:
-    """(latencies in ms, rows written, rows missing) of one rate."""
+                first_id: int) -> tuple[list[float], int, int, dict[int, float]]:
+    """(latencies in ms, rows written, rows missing, each row's commit time) of one rate."""
     queue: Any = mp.get_context("fork").Queue()
     writer = mp.get_context("fork").Process(
         target=write_paced, args=(args.source, dsn, first_id, rate, args.seconds, queue))
@@ -287,7 +291,81 @@ def paced_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, rate: in
     while time.monotonic() < deadline and any(i not in arrivals.at for i in committed):
         time.sleep(0.2)
     latencies = [(arrivals.at[i] - t) * 1000 for i, t in committed.items() if i in arrivals.at]
-    return latencies, len(committed), len(committed) - len(latencies)
+    return latencies, len(committed), len(committed) - len(latencies), committed
+
+
+class BusTimes:
+    """When each row's change reached the bus: its record's time, which capture's producer
+    sets at `produce()`. Read after each phase, to where the bus ends then."""
+
+    def __init__(self, brokers: str, topic: str, partitions: int) -> None:
+        self.topic, self.partitions = topic, partitions
+        self.consumer = Consumer({"bootstrap.servers": brokers, "group.id": "bench-e2e-bus",
+                                  "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.at: dict[int, float] = {}
+        self.offset: dict[int, tuple[int, int]] = {}  # where: partition, offset
+
+    def read_to_end(self) -> None:
+        ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                       timeout=10)[1]
+                for p in range(self.partitions)}
+        seen = {p: -1 for p in ends}
+        while any(seen[p] < end - 1 for p, end in ends.items()):
+            for message in self.consumer.consume(10_000, 0.5):
+                if message.error() is not None:
+                    continue
+                seen[message.partition()] = message.offset()
+                record = decode_record(message.value())
+                if record.WhichOneof("record") != "event":
+                    continue
+                pk = json.loads(key_bytes(record.event))["pk"]
+                if "id" in pk and int(pk["id"]) not in self.at:
+                    self.at[int(pk["id"])] = message.timestamp()[1] / 1000
+                    self.offset[int(pk["id"])] = message.partition(), message.offset()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def epochs_closed(control: ControlClient, source_id: str, bus: BusTimes) -> dict[int, float]:
+    """When the epoch that holds each row closed (capture's clock, the epoch's `ts_unix_ms`)."""
+    ends: dict[int, list[tuple[int, float]]] = {}  # partition: (end offset, closed), ascending
+    after = 0
+    while True:
+        page = control.epoch_range(source_id, after, 0, 1000)
+        for epoch in page:
+            for partition, end in epoch.end_offsets.items():
+                ends.setdefault(partition, []).append((end, epoch.ts_unix_ms / 1000))
+        if len(page) < 1000:
+            break
+        after = page[-1].epoch_id
+    closed: dict[int, float] = {}
+    for row, (partition, offset) in bus.offset.items():
+        ranks = ends.get(partition, [])
+        at = bisect.bisect_right(ranks, (offset, float("inf")))  # the first end past it
+        if at < len(ranks):
+            closed[row] = ranks[at][1]
+    return closed
+
+
+def stages(committed: dict[int, float], bus: BusTimes, closed: dict[int, float],
+           arrivals: Arrivals) -> str:
+    """Where the rows' time went, p50 / p90 / p99 of each stage."""
+    rows = [i for i in committed if i in arrivals.at and i in bus.at and i in closed]
+    if not rows:
+        return "  stages: no row seen on the bus and in the sink"
+    parts = {
+        "commit -> bus (capture)": [bus.at[i] - committed[i] for i in rows],
+        "bus -> epoch closed (epoch_ms)": [closed[i] - bus.at[i] for i in rows],
+        "epoch closed -> sink write (acks, Spark, task)": [arrivals.written[i] - closed[i]
+                                                           for i in rows],
+        "sink write -> read (sink commit, reader)": [arrivals.at[i] - arrivals.written[i]
+                                                     for i in rows],
+    }
+    return "  stages, p50 / p90 / p99 ms: " + "; ".join(
+        f"{name} {percentile(v, 0.5) * 1000:.0f} / {percentile(v, 0.9) * 1000:.0f} / "
+        f"{percentile(v, 0.99) * 1000:.0f}" for name, v in parts.items())
 
 
 def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int
@@ -418,20 +496,26 @@ def main() -> None:
     args = parser.parse_args()
     with running_pipeline(args, "bench-e2e-") as run:
         meter = CpuMeter({**run.roots, "bench (writer, reader)": os.getpid()})
+        spec = load_pipeline(run.spec_path)
+        bus = BusTimes(spec.spec.bus.brokers, spec.bus_topic, args.partitions)
         rows: list[tuple[str, int, list[float], int]] = []
         first_id = 1_000
         for rate in [int(r) for r in args.rates.split(",") if r]:
             meter.start()
-            latencies, written, missing = paced_phase(args, run.dsn, run.arrivals, rate,
-                                                      first_id)
+            latencies, written, missing, committed = paced_phase(args, run.dsn, run.arrivals,
+                                                                 rate, first_id)
             first_id += written + 1_000
             rows.append((f"{rate:,} rows/s", written, latencies, missing))
             print(_line(*rows[-1]), flush=True)
             print(meter.report(), flush=True)
+            bus.read_to_end()
+            closed = epochs_closed(run.control, spec.spec.source.id, bus)
+            print(stages(committed, bus, closed, run.arrivals), flush=True)
         meter.start()
         bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
         if bulk is not None:
             print(meter.report(), flush=True)
+        bus.close()
     print(f"\n{args.source} -> {args.sink}"
           f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
           f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
