@@ -50,11 +50,27 @@ BUS_CHECK_S = 10.0  # while idle: how often the bus is asked for the latest epoc
 # an epoch not acknowledged this long: the bus is asked whether it lost what it held (a
 # broker restarted empty never acknowledges this producer again)
 BUS_SUSPECT_S = 5.0
+IDLE_PER_EPOCH = 4  # how often a quiet source is reported idle per epoch_ms (`idle_report_s`)
+MIN_IDLE_REPORT_S = 0.01
 
 
 def epochs_in_flight(epoch_ms: int) -> int:
     """How many emitted epochs may wait for the bus's acks before publishing waits."""
     return max(MIN_EPOCHS_IN_FLIGHT, round(IN_FLIGHT_S * 1000 / epoch_ms) if epoch_ms else 0)
+
+
+def idle_report_s(epoch_ms: int, longest_s: float) -> float:
+    """How long a feed waits for its quiet source before it reports it idle (`IDLE`).
+
+    The publisher acts between transactions only when called: an epoch acknowledged by the
+    bus is recorded, and one pending since the last transaction before a pause is closed, at
+    the next transaction or `IDLE`. So a quiet source reports it a few times an epoch
+    (`epoch_ms` / IDLE_PER_EPOCH), never less often than its own `longest_s`: reported every
+    200 ms (PostgreSQL's read timeout) or 500 ms (MariaDB's heartbeat), a lone transaction's
+    epoch reached delivery that much later."""
+    if not epoch_ms:
+        return longest_s
+    return min(longest_s, max(MIN_IDLE_REPORT_S, epoch_ms / 1000 / IDLE_PER_EPOCH))
 
 
 def write_markers(brokers: str, topic: str, markers: Sequence[EpochMarker], client_id: str,

@@ -33,7 +33,9 @@ server, `tests/integration/test_mysql_binlog.py` and `test_mysql_capture.py` wit
    `values.MYSQL_LATIN1`, MySQL's own table.
 
 Heartbeats: the server is asked to send one every `heartbeat_s` when idle,
-well below `read_timeout_s`, so a quiet source is not a dead connection.
+well below `read_timeout_s`, so a quiet source is not a dead connection. Each is an
+`Idle`, when capture records and closes epochs between transactions: capture asks for a
+few per epoch (`publisher.idle_report_s`), HEARTBEAT_S at most.
 
 Every transaction gets a digest of what the binlog holds of it (the GTID
 event's time, every row image of every table, statement texts) and the GTID
@@ -97,6 +99,8 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+
+HEARTBEAT_S = 0.5  # the longest the server stays quiet in an idle binlog (then: Idle)
 
 _FL_STANDALONE = 0x01  # MariaDB GTID event flag: the transaction is one statement (DDL)
 _HEADER = 20  # a binlog packet's OK byte and event header, before the event's own bytes
@@ -213,7 +217,7 @@ class BinlogStream:
 
     def __init__(self, connect_kwargs: dict[str, Any], *, replica_server_id: int,
                  start: GtidState, first_file: str | None = None,
-                 heartbeat_s: float = 0.5, read_timeout_s: float = 10.0,
+                 heartbeat_s: float = HEARTBEAT_S, read_timeout_s: float = 10.0,
                  blocking: bool = True) -> None:
         """`first_file`: MySQL with an empty `start` reads from this file's start by file/offset
         (the library cannot send an empty GTID set); MariaDB's empty state already means

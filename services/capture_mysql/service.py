@@ -43,6 +43,7 @@ from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.publisher import idle_report_s
 from tailrace_services.capture.retained import RetainedLog
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
 from tailrace_services.capture_mysql.connection import (
@@ -60,7 +61,7 @@ from tailrace_services.capture_mysql.identity import (
     identity_fingerprint,
 )
 from tailrace_services.capture_mysql.position import CapturePosition, accepts
-from tailrace_services.capture_mysql.reader import BinlogStream
+from tailrace_services.capture_mysql.reader import HEARTBEAT_S, BinlogStream
 from tailrace_services.capture_mysql.schema import SchemaTracker, check_key_columns
 from tailrace_services.capture_mysql.signal_table import SignalTable
 from tailrace_services.capture_mysql.snapshot import MysqlChunks
@@ -93,7 +94,8 @@ class MysqlCapture(CaptureService[MysqlSourceSpec]):
         self.filter = TableFilter(source.tables,
                                   exclude=[(self.signal.database, self.signal.table)])
         self._registered = False
-        self.heartbeat_s = 0.5
+        # the server's heartbeat in a quiet binlog is the feed's IDLE
+        self.heartbeat_s = idle_report_s(source.epoch_ms, HEARTBEAT_S)
         self.read_timeout_s = 10.0
         self.lifecycle.can_resnapshot = True  # `identity.ServerCheck._accept`
 

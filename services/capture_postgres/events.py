@@ -74,7 +74,7 @@ from tailrace_services.capture_postgres.schema import SchemaTracker
 
 __all__ = ["ChangeFeed", "EventFactory", "KeyOf", "encoded_row", "fill_unchanged_toast"]
 
-READ_TIMEOUT_S = 0.2
+READ_TIMEOUT_S = 0.2  # the longest a read waits for the server before IDLE
 _CHANGES = (Insert, Update, Delete)
 
 _INSERT, _UPDATE, _DELETE, _TRUNCATE = Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_TRUNCATE
@@ -229,7 +229,8 @@ class EventFactory:
 class ChangeFeed:
     """One replication session's pgoutput messages as the assembler's feed. `history`:
     what the re-read must show (nothing by default); `tick` runs before every read (cheap:
-    the table watcher)."""
+    the table watcher); `idle_s`: how long a read waits for the server before the feed
+    yields IDLE (`publisher.idle_report_s`)."""
 
     repl: ReplicationConnection
     factory: EventFactory
@@ -239,13 +240,14 @@ class ChangeFeed:
     resume_lsn: int
     history: HistoryCheck | None = None
     tick: Callable[[], None] | None = None
+    idle_s: float = READ_TIMEOUT_S
     _decoder: PgOutputDecoder = field(default_factory=PgOutputDecoder, init=False)
 
     def items(self) -> Iterator[FeedItem | Watermark]:
         """Read until the connection fails (the assembler stops pulling when stopped)."""
         repl, decode, factory, schemas = self.repl, self._decoder.decode, self.factory, self.schemas
         history = self.history or HistoryCheck(self.resume_lsn, [])
-        feedback, tick = self.feedback, self.tick
+        feedback, tick, idle_s = self.feedback, self.tick, self.idle_s
         log_bytes, rows = self.metrics.log_bytes, self.metrics.rows
         begin: Begin | None = None
         skipping = False
@@ -256,7 +258,7 @@ class ChangeFeed:
             feedback.keep_alive()
             if tick is not None:
                 tick()
-            data = repl.read(timeout=READ_TIMEOUT_S)
+            data = repl.read(timeout=idle_s)
             if data is None:
                 if read_bytes:
                     log_bytes.inc(read_bytes)

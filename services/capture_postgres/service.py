@@ -33,6 +33,7 @@ from tailrace.errors import FatalError
 from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import Assembler
 from tailrace_services.capture.lifecycle import CaptureService
+from tailrace_services.capture.publisher import idle_report_s
 from tailrace_services.capture.resume import ResumePoint
 from tailrace_services.capture.retained import RetainedLog
 from tailrace_services.capture.snapshot import SnapshotMerger, SnapshotProgress, SnapshotWorker
@@ -44,7 +45,7 @@ from tailrace_services.capture_postgres.connection import (
     lsn_to_str,
 )
 from tailrace_services.capture_postgres.errors import session_errors
-from tailrace_services.capture_postgres.events import ChangeFeed, EventFactory
+from tailrace_services.capture_postgres.events import READ_TIMEOUT_S, ChangeFeed, EventFactory
 from tailrace_services.capture_postgres.identity import Checked, ServerCheck
 from tailrace_services.capture_postgres.position import Heartbeat, SlotFeedback, Timelines
 from tailrace_services.capture_postgres.schema import (
@@ -134,7 +135,7 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
                               system.dbname, self.source.on_schema_drift),
                 feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
-                tick=tick)
+                tick=tick, idle_s=idle_report_s(self.source.epoch_ms, READ_TIMEOUT_S))
             retained: RetainedLog | None = None
             try:
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
