@@ -24,6 +24,11 @@ from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import Sink, build_sink
 
 READ_CHUNK = 4096
+# Every this many tasks a worker process's heap is not frozen (`collector_paused`), so the
+# collection after that task visits it all: long-lived objects that died in a cycle are
+# collected then.
+FULL_COLLECTION_EVERY = 100
+_tasks = 0  # tasks this worker process ran
 
 # Sinks opened by this worker process, reused across batches (Spark reuses Python workers);
 # by pipeline, sink id and the sink's settings: a managed pipeline's new spec version gets
@@ -93,12 +98,28 @@ def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int,
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for one task. A task holds every event of its batch
-    (hundreds of thousands in a large transaction) and allocates a few tracked objects per
-    event, each of which a collector pass visits at least once: ~9 % of the plain loop's
-    time (docs/performance.md; raising the thresholds instead saved nothing, as every
-    object is still visited once). A task is one batch, so what it leaves in reference
-    cycles (a sink's retries) is bounded, and collected once the collector is back on."""
+    """The cyclic garbage collector off for one task, and what lives at its start frozen.
+
+    A task holds every event of its batch (hundreds of thousands in a large transaction)
+    and allocates a few tracked objects per event, each of which a collector pass visits at
+    least once: ~9 % of the plain loop's time (docs/performance.md; raising the thresholds
+    instead saved nothing, as every object is still visited once). A task is one batch, so
+    what it leaves in reference cycles (a sink's retries) is bounded, and collected once the
+    collector is back on.
+
+    After every task Spark's Python worker runs a full collection (`pyspark.daemon`), which
+    visited every object of the modules the worker imported: ~100 ms of CPU a task here,
+    most of delivery's CPU at a thousand rows a second. What lives at a task's start has
+    survived the collection after the task before, so it is frozen (`gc.freeze`): the
+    collection after this task visits what this task made. Every FULL_COLLECTION_EVERY-th
+    task the heap is unfrozen instead, so that long-lived objects that died in a reference
+    cycle since (a dropped sink's client) are still collected."""
+    global _tasks
+    _tasks += 1
+    if _tasks % FULL_COLLECTION_EVERY:
+        gc.freeze()
+    else:
+        gc.unfreeze()
     enabled = gc.isenabled()
     gc.disable()
     try:

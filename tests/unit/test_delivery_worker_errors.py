@@ -4,13 +4,15 @@ worker's task leaves as it found it, and the checkpoints the driver hands to a b
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 import pytest
 
 from tailrace.errors import FatalError
 from tailrace.proto.control_pb2 import Checkpoint
-from tailrace_services.delivery.executor import collector_paused
+from tailrace_services.delivery import executor
+from tailrace_services.delivery.executor import FULL_COLLECTION_EVERY, collector_paused
 from tailrace_services.delivery.handoff import handed_batch, handing, worker_id
 from tailrace_services.delivery.job import _raised
 
@@ -50,6 +52,33 @@ def test_a_task_runs_without_the_cyclic_collector_and_gives_it_back_even_if_it_f
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Node:
+    me: _Node | None = None
+
+
+def test_a_task_freezes_what_lives_at_its_start_and_every_hundredth_task_unfreezes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor, "_tasks", 0)
+    survivor = _Node()
+    survivor.me = survivor  # a cycle alive when the task starts
+    died = weakref.ref(survivor)
+    try:
+        with collector_paused():
+            assert gc.get_freeze_count() > 0
+        del survivor
+        gc.collect()  # what Spark's worker runs after a task: the frozen cycle stays
+        assert died() is not None
+        for _ in range(FULL_COLLECTION_EVERY - 2):
+            with collector_paused():
+                pass
+        with collector_paused():  # the hundredth task
+            assert gc.get_freeze_count() == 0
+        gc.collect()
+        assert died() is None  # collected after it
+    finally:
+        gc.unfreeze()
 
 
 class _Driver:
