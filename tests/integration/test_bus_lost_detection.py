@@ -15,7 +15,7 @@ from tailrace.bus import BusRangeGone, BusReader, ensure_topic, producer_config
 from tailrace.devservers import KafkaBroker
 from tailrace.errors import RetryableError
 from tailrace.links import LINKS
-from tailrace_services.capture.publisher import BUS_SUSPECT_S, BusPublisher
+from tailrace_services.capture.publisher import BUS_CHECK_S, BUS_SUSPECT_S, BusPublisher
 from tests.fix_capture import Control
 from tests.fix_delivery import synthetic_tx
 
@@ -60,3 +60,29 @@ def test_a_publisher_whose_bus_restarted_empty_says_so_once_an_epoch_waits(
     assert str(caught.value) == (
         f"the bus lost what this source published (epoch 2 not acknowledged within "
         f"{BUS_SUSPECT_S:.0f} s); starting again to republish from the sinks' checkpoint")
+
+
+def test_an_epoch_recorded_puts_off_the_idle_check_of_the_bus(
+        kafka_broker: Any, control: Control, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet source's publisher reads the bus every BUS_CHECK_S (~0.5 s, the source's next
+    transaction waiting behind it); an epoch the control service recorded is that check
+    already (it refuses offsets behind the latest epoch's), so a source writing a few
+    transactions a second is not held up every 10 s."""
+    topic = f"tailrace.t{uuid.uuid4().hex[:8]}"
+    ensure_topic(kafka_broker.bootstrap, topic, 1)
+    publisher = BusPublisher(kafka_broker.bootstrap, topic, 1, "syn", control.client, epoch_ms=0)
+    checks: list[str] = []
+    monkeypatch.setattr(publisher, "_check_bus",
+                        lambda why, unanswered_is_fine=False: checks.append(why))
+    try:
+        publisher._bus_checked_at -= BUS_CHECK_S  # checked long ago
+        publisher.tick()
+        assert checks == ["checked while idle"]
+        publisher._bus_checked_at -= BUS_CHECK_S
+        publisher.publish_transaction(synthetic_tx(1, [1, 2, 3]))
+        publisher.drain()  # epoch 1 recorded
+        assert control.client.latest_epoch("syn").epoch_id == 1
+        publisher.tick()
+        assert checks == ["checked while idle"], "the recorded epoch was the check"
+    finally:
+        publisher.abort()
