@@ -309,17 +309,21 @@ class BusTimes:
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.at: dict[int, float] = {}
         self.offset: dict[int, tuple[int, int]] = {}  # where: partition, offset
+        self.next = {p: 0 for p in range(partitions)}  # the next offset to read
 
-    def read_to_end(self) -> None:
+    def read_to_end(self, timeout_s: float = 120.0) -> None:
         ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p),
                                                        timeout=10)[1]
                 for p in range(self.partitions)}
-        seen = {p: -1 for p in ends}
-        while any(seen[p] < end - 1 for p, end in ends.items()):
+        deadline = time.monotonic() + timeout_s
+        while any(self.next[p] < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bus {self.topic}: not read to its end {ends} in "
+                                 f"{timeout_s:.0f} s (at {self.next})")
             for message in self.consumer.consume(10_000, 0.5):
                 if message.error() is not None:
                     continue
-                seen[message.partition()] = message.offset()
+                self.next[message.partition()] = message.offset() + 1
                 record = decode_record(message.value())
                 if record.WhichOneof("record") != "event":
                     continue
@@ -367,7 +371,7 @@ def stages(committed: dict[int, float], bus: BusTimes, closed: dict[int, float],
         "sink write -> read (sink commit, reader)": [arrivals.at[i] - arrivals.written[i]
                                                      for i in rows],
     }
-    return "  stages, p50 / p90 / p99 ms: " + "; ".join(
+    return f"  stages of {len(rows):,} rows, p50 / p90 / p99 ms: " + "; ".join(
         f"{name} {percentile(v, 0.5) * 1000:.0f} / {percentile(v, 0.9) * 1000:.0f} / "
         f"{percentile(v, 0.99) * 1000:.0f}" for name, v in parts.items())
 
@@ -501,25 +505,25 @@ def main() -> None:
     with running_pipeline(args, "bench-e2e-") as run:
         meter = CpuMeter({**run.roots, "bench (writer, reader)": os.getpid()})
         spec = load_pipeline(run.spec_path)
-        bus = BusTimes(spec.spec.bus.brokers, spec.bus_topic, args.partitions)
-        rows: list[tuple[str, int, list[float], int]] = []
-        first_id = 1_000
-        for rate in [int(r) for r in args.rates.split(",") if r]:
+        bus_times = BusTimes(spec.spec.bus.brokers, spec.bus_topic, args.partitions)
+        with contextlib.closing(bus_times) as bus:
+            rows: list[tuple[str, int, list[float], int]] = []
+            first_id = 1_000
+            for rate in [int(r) for r in args.rates.split(",") if r]:
+                meter.start()
+                latencies, written, missing, committed = paced_phase(args, run.dsn, run.arrivals,
+                                                                     rate, first_id)
+                first_id += written + 1_000
+                rows.append((f"{rate:,} rows/s", written, latencies, missing))
+                print(_line(*rows[-1]), flush=True)
+                print(meter.report(), flush=True)
+                bus.read_to_end()
+                closed = epochs_closed(run.control, spec.spec.source.id, bus)
+                print(stages(committed, bus, closed, run.arrivals), flush=True)
             meter.start()
-            latencies, written, missing, committed = paced_phase(args, run.dsn, run.arrivals,
-                                                                 rate, first_id)
-            first_id += written + 1_000
-            rows.append((f"{rate:,} rows/s", written, latencies, missing))
-            print(_line(*rows[-1]), flush=True)
-            print(meter.report(), flush=True)
-            bus.read_to_end()
-            closed = epochs_closed(run.control, spec.spec.source.id, bus)
-            print(stages(committed, bus, closed, run.arrivals), flush=True)
-        meter.start()
-        bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
-        if bulk is not None:
-            print(meter.report(), flush=True)
-        bus.close()
+            bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
+            if bulk is not None:
+                print(meter.report(), flush=True)
     print(f"\n{args.source} -> {args.sink}"
           f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
           f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "

@@ -110,10 +110,12 @@ def collector_paused() -> Iterator[None]:
     After every task Spark's Python worker runs a full collection (`pyspark.daemon`), which
     visited every object of the modules the worker imported: ~100 ms of CPU a task here,
     most of delivery's CPU at a thousand rows a second. What lives at a task's start has
-    survived the collection after the task before, so it is frozen (`gc.freeze`): the
-    collection after this task visits what this task made. Every FULL_COLLECTION_EVERY-th
-    task the heap is unfrozen instead, so that long-lived objects that died in a reference
-    cycle since (a dropped sink's client) are still collected."""
+    survived the collection after the task before (but for what the task's own start made:
+    pyspark's objects for it, the first task's imports), so it is frozen (`gc.freeze`):
+    the collection after this task visits what this task made. Every
+    FULL_COLLECTION_EVERY-th task the heap is unfrozen instead, so that what died in a
+    reference cycle since (a dropped sink's client, the task starts' garbage) is still
+    collected: kept at most that many tasks."""
     global _tasks
     _tasks += 1
     if _tasks % FULL_COLLECTION_EVERY:

@@ -40,6 +40,7 @@ says so to the control service, and `run` raises it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import os
@@ -123,12 +124,25 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
              # FileContext, no .crc twin): 2 x ~37 ms -> 2 x ~7 ms a batch (docs/performance.md)
              .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
              .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem"))
+    if driver_host == LOOPBACK:  # executors on this host: the directory is theirs too
+        builder = builder.config("spark.python.unix.domain.socket.dir", _socket_dir())
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _quiet_accumulator_server(spark.sparkContext)
     return spark
+
+
+def _socket_dir() -> str:
+    """A directory of this process's own (mode 0700) for the sockets between executors and
+    their Python workers: with Unix sockets Spark authenticates nothing (a worker trusts
+    whoever connects), so the directory's mode keeps other local users out, as the shared
+    secret did over TCP. Removed at exit; a killed process leaves it (Spark limits its path
+    to 61 characters: a short one under the temporary directory)."""
+    path = tempfile.mkdtemp(prefix="tailrace-uds-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _quiet_accumulator_server(context: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,27 +59,32 @@ class _Node:
     me: _Node | None = None
 
 
-def test_a_task_freezes_what_lives_at_its_start_and_every_hundredth_task_unfreezes_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True)
+def _heap_as_found(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`collector_paused` freezes the heap, as a Spark worker's task does: not for the rest
+    of this test process (its teardowns collect clients left in reference cycles)."""
     monkeypatch.setattr(executor, "_tasks", 0)
+    yield
+    gc.unfreeze()
+
+
+def test_a_task_freezes_what_lives_at_its_start_and_every_hundredth_task_unfreezes_it(
+        ) -> None:
     survivor = _Node()
     survivor.me = survivor  # a cycle alive when the task starts
     died = weakref.ref(survivor)
-    try:
+    with collector_paused():
+        assert gc.get_freeze_count() > 0
+    del survivor
+    gc.collect()  # what Spark's worker runs after a task: the frozen cycle stays
+    assert died() is not None
+    for _ in range(FULL_COLLECTION_EVERY - 2):
         with collector_paused():
-            assert gc.get_freeze_count() > 0
-        del survivor
-        gc.collect()  # what Spark's worker runs after a task: the frozen cycle stays
-        assert died() is not None
-        for _ in range(FULL_COLLECTION_EVERY - 2):
-            with collector_paused():
-                pass
-        with collector_paused():  # the hundredth task
-            assert gc.get_freeze_count() == 0
-        gc.collect()
-        assert died() is None  # collected after it
-    finally:
-        gc.unfreeze()
+            pass
+    with collector_paused():  # the hundredth task
+        assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert died() is None  # collected after it
 
 
 class _Driver:
