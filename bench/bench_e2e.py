@@ -48,6 +48,7 @@ import pymysql  # noqa: E402
 import redis  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
+from tailrace.bus import BusReader  # noqa: E402
 from tailrace.config import load_pipeline  # noqa: E402
 from tailrace.control_client import ControlClient  # noqa: E402
 from tailrace.devservers import (  # noqa: E402
@@ -58,7 +59,7 @@ from tailrace.devservers import (  # noqa: E402
     free_port,  # noqa: E402
 )
 from tailrace.devservers.noida import NoidaKafka  # noqa: E402
-from tailrace.events import decode_record, key_bytes  # noqa: E402
+from tailrace.events import key_bytes  # noqa: E402
 from tailrace_services.cli.localauth import local_tokens  # noqa: E402
 from tailrace_services.cli.supervisor import Supervisor  # noqa: E402
 from tailrace_services.cli.up import HttpPorts, start_pipeline  # noqa: E402
@@ -123,6 +124,13 @@ def write_paced(source: str, dsn: str, first_id: int, rate: int, seconds: float,
 
 # -- the reader (this process) -------------------------------------------------------------
 
+def row_of(key: bytes | str) -> int | None:
+    """The row id an event's message key names; None for a DDL event's (MySQL sends the
+    CREATE TABLE)."""
+    pk = json.loads(key)["pk"]
+    return int(pk["id"]) if "id" in pk else None
+
+
 class Arrivals(threading.Thread):
     """Each row's arrival time in the sink, by id."""
 
@@ -141,9 +149,8 @@ class Arrivals(threading.Thread):
             self._kafka()
 
     def _note(self, key: bytes | str, written_ms: int) -> None:
-        pk = json.loads(key)["pk"]
-        if "id" in pk:  # not a DDL event (MySQL sends the CREATE TABLE)
-            row = int(pk["id"])
+        row = row_of(key)
+        if row is not None:
             if row in self.at:
                 self.copies += 1
             else:
@@ -299,73 +306,56 @@ def paced_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, rate: in
 
 
 class BusTimes:
-    """When each row's change reached the bus: its record's time, which capture's producer
-    sets at `produce()`. Read after each phase, to where the bus ends then."""
+    """Each row's change as capture published it: when capture stamped it
+    (`ts_captured_micros`, at the commit, right before it is produced to the bus), where it
+    lies on the bus, and when the epoch holding it closed (the epoch's `ts_unix_ms`).
+    Read after each phase, from where the last read stopped."""
 
-    def __init__(self, brokers: str, topic: str, partitions: int) -> None:
-        self.topic, self.partitions = topic, partitions
-        self.consumer = Consumer({"bootstrap.servers": brokers, "group.id": "bench-e2e-bus",
-                                  "enable.auto.commit": False})
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self.at: dict[int, float] = {}
-        self.offset: dict[int, tuple[int, int]] = {}  # where: partition, offset
-        self.next = {p: 0 for p in range(partitions)}  # the next offset to read
+    def __init__(self, brokers: str, topic: str, partitions: int, control: ControlClient,
+                 source_id: str) -> None:
+        self.reader = BusReader(brokers, topic, client_id="bench-e2e")
+        self.control, self.source_id = control, source_id
+        self.captured: dict[int, float] = {}
+        self.closed: dict[int, float] = {}
+        self._next = {p: 0 for p in range(partitions)}  # the next offset to read
+        self._epoch_id = 0  # the last epoch read
+        self._ends: dict[int, list[tuple[int, float]]] = {}  # partition: (end, closed)
 
-    def read_to_end(self, timeout_s: float = 120.0) -> None:
-        ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p),
-                                                       timeout=10)[1]
-                for p in range(self.partitions)}
-        deadline = time.monotonic() + timeout_s
-        while any(self.next[p] < end for p, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"bus {self.topic}: not read to its end {ends} in "
-                                 f"{timeout_s:.0f} s (at {self.next})")
-            for message in self.consumer.consume(10_000, 0.5):
-                if message.error() is not None:
-                    continue
-                self.next[message.partition()] = message.offset() + 1
-                record = decode_record(message.value())
-                if record.WhichOneof("record") != "event":
-                    continue
-                pk = json.loads(key_bytes(record.event))["pk"]
-                if "id" in pk and int(pk["id"]) not in self.at:
-                    self.at[int(pk["id"])] = message.timestamp()[1] / 1000
-                    self.offset[int(pk["id"])] = message.partition(), message.offset()
+    def read(self) -> None:
+        where: dict[int, tuple[int, int]] = {}  # row: partition, offset
+        for partition, start in list(self._next.items()):
+            for message in self.reader.read_to_end(partition, start, timeout_s=120):
+                self._next[partition] = message.offset + 1
+                record = message.record()
+                row = row_of(key_bytes(record.event)) \
+                    if record.WhichOneof("record") == "event" else None
+                if row is not None and row not in self.captured:
+                    self.captured[row] = record.event.ts_captured_micros / 1_000_000
+                    where[row] = partition, message.offset
+        while page := self.control.epoch_range(self.source_id, self._epoch_id, 0, 1000):
+            for epoch in page:  # in order: each partition's ends ascend
+                for partition, end in epoch.end_offsets.items():
+                    self._ends.setdefault(partition, []).append((end, epoch.ts_unix_ms / 1000))
+            self._epoch_id = page[-1].epoch_id
+        for row, (partition, offset) in where.items():
+            ends = self._ends.get(partition, [])
+            at = bisect.bisect_right(ends, (offset, float("inf")))  # the first end past it
+            if at < len(ends):
+                self.closed[row] = ends[at][1]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
-def epochs_closed(control: ControlClient, source_id: str, bus: BusTimes) -> dict[int, float]:
-    """When the epoch that holds each row closed (capture's clock, the epoch's `ts_unix_ms`)."""
-    ends: dict[int, list[tuple[int, float]]] = {}  # partition: (end offset, closed), ascending
-    after = 0
-    while True:
-        page = control.epoch_range(source_id, after, 0, 1000)
-        for epoch in page:
-            for partition, end in epoch.end_offsets.items():
-                ends.setdefault(partition, []).append((end, epoch.ts_unix_ms / 1000))
-        if len(page) < 1000:
-            break
-        after = page[-1].epoch_id
-    closed: dict[int, float] = {}
-    for row, (partition, offset) in bus.offset.items():
-        ranks = ends.get(partition, [])
-        at = bisect.bisect_right(ranks, (offset, float("inf")))  # the first end past it
-        if at < len(ranks):
-            closed[row] = ranks[at][1]
-    return closed
-
-
-def stages(committed: dict[int, float], bus: BusTimes, closed: dict[int, float],
-           arrivals: Arrivals) -> str:
+def stages(committed: dict[int, float], bus: BusTimes, arrivals: Arrivals) -> str:
     """Where the rows' time went, p50 / p90 / p99 of each stage."""
-    rows = [i for i in committed if i in arrivals.at and i in bus.at and i in closed]
+    captured, closed = bus.captured, bus.closed
+    rows = [i for i in committed if i in arrivals.at and i in captured and i in closed]
     if not rows:
         return "  stages: no row seen on the bus and in the sink"
     parts = {
-        "commit -> bus (capture)": [bus.at[i] - committed[i] for i in rows],
-        "bus -> epoch closed (epoch_ms)": [closed[i] - bus.at[i] for i in rows],
+        "commit -> captured": [captured[i] - committed[i] for i in rows],
+        "captured -> epoch closed (epoch_ms)": [closed[i] - captured[i] for i in rows],
         "epoch closed -> sink write (acks, Spark, task)": [arrivals.written[i] - closed[i]
                                                            for i in rows],
         "sink write -> read (sink commit, reader)": [arrivals.at[i] - arrivals.written[i]
@@ -505,7 +495,8 @@ def main() -> None:
     with running_pipeline(args, "bench-e2e-") as run:
         meter = CpuMeter({**run.roots, "bench (writer, reader)": os.getpid()})
         spec = load_pipeline(run.spec_path)
-        bus_times = BusTimes(spec.spec.bus.brokers, spec.bus_topic, args.partitions)
+        bus_times = BusTimes(spec.spec.bus.brokers, spec.bus_topic, args.partitions,
+                             run.control, spec.spec.source.id)
         with contextlib.closing(bus_times) as bus:
             rows: list[tuple[str, int, list[float], int]] = []
             first_id = 1_000
@@ -517,9 +508,8 @@ def main() -> None:
                 rows.append((f"{rate:,} rows/s", written, latencies, missing))
                 print(_line(*rows[-1]), flush=True)
                 print(meter.report(), flush=True)
-                bus.read_to_end()
-                closed = epochs_closed(run.control, spec.spec.source.id, bus)
-                print(stages(committed, bus, closed, run.arrivals), flush=True)
+                bus.read()
+                print(stages(committed, bus, run.arrivals), flush=True)
             meter.start()
             bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
             if bulk is not None:

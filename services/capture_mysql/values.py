@@ -202,7 +202,6 @@ def converter_for(column: ColumnShape) -> Converter:
     return _identity
 
 
-
 class BinlogKind(IntEnum):
     """How `_cwire.binlog_rows` reads a column's value from a rows event (its `enum` B_*)."""
 
