@@ -1,13 +1,23 @@
-"""A failed preparation command's error quotes the log's error lines, not only its tail."""
+"""A failed preparation command's error quotes the log's error lines, not only its tail; a
+killed server's processes are all gone before `kill_process` returns."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tailrace.devservers._process import DevServerError, run_checked
+from tailrace.devservers._process import (
+    DevServerError,
+    _group_alive,
+    _wait_group_gone,
+    kill_process,
+    run_checked,
+    start_process,
+)
 
 
 def test_an_early_error_line_is_quoted_past_a_long_closing_advice(tmp_path: Path) -> None:
@@ -43,3 +53,26 @@ def test_only_the_failed_commands_own_error_lines_are_quoted(tmp_path: Path) -> 
     errors = str(failure.value).split("last lines of")[0]
     assert "[ERROR] this one" in errors
     assert "an earlier run's error" not in errors
+
+
+def test_the_wait_for_a_killed_group_ends_when_its_last_live_process_is_gone(
+        tmp_path: Path) -> None:
+    """A restarted PostgreSQL refused to start while a backend of the killed one lived
+    ("pre-existing shared memory block is still in use"): the wait sees a live member, and
+    not a zombie (it holds nothing; an orphan's reaper may be slow to take it)."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with pytest.raises(DevServerError, match="still alive"):
+            _wait_group_gone(proc.pid, timeout=0.2)
+        proc.send_signal(signal.SIGKILL)  # a zombie until waited for
+        _wait_group_gone(proc.pid, timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kill_process_returns_once_the_whole_group_is_gone(tmp_path: Path) -> None:
+    proc = start_process(["sh", "-c", "sleep 30 & sleep 30 & wait"],
+                         log_path=tmp_path / "x.log")
+    kill_process(proc)
+    assert not _group_alive(proc.pid)

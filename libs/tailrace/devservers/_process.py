@@ -237,12 +237,37 @@ def stop_process(
 
 
 def kill_process(proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL the server's whole process group, as a crash or the OOM killer would."""
+    """SIGKILL the server's whole process group, as a crash or the OOM killer would, and
+    wait until every process of it is gone: PostgreSQL's backends outlive a killed
+    postmaster for a moment, and a postmaster started meanwhile refuses to run ("pre-existing
+    shared memory block is still in use")."""
     if proc is None:
         return
     _killpg(proc.pid)
     proc.wait()
+    _wait_group_gone(proc.pid)
     _live_groups.discard(proc.pid)
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Until no process of the group is alive (zombies excepted: they hold nothing, and
+    the reaper of orphans may be slow to take them)."""
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            raise DevServerError(f"processes of group {pgid} still alive {timeout:.0f} s "
+                                 "after SIGKILL")
+        time.sleep(0.01)
+
+
+def _group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after it
+            state, _ppid, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+            if int(pgrp) == pgid and state not in ("Z", "X"):
+                return True
+    return False
 
 
 def _killpg(pgid: int) -> None:
