@@ -148,13 +148,15 @@ class Arrivals(threading.Thread):
         else:
             self._kafka()
 
-    def _note(self, key: bytes | str, written_ms: int) -> None:
+    def _note(self, key: bytes | str, written_ms: int, now: float) -> None:
+        """`now`: when the read that brought it returned (not when the reader got to it:
+        a read of 200,000 messages took the reader seconds to go through)."""
         row = row_of(key)
         if row is not None:
             if row in self.at:
                 self.copies += 1
             else:
-                self.at[row] = time.time()
+                self.at[row] = now
                 self.written[row] = written_ms / 1000
 
     def _redis(self) -> None:
@@ -162,9 +164,10 @@ class Arrivals(threading.Thread):
         last = "0-0"
         while not self.stopped.is_set():
             found = client.xread({"e2e": last}, count=10_000, block=200)
+            now = time.time()
             for _, entries in found or []:
                 for entry_id, fields in entries:  # the id's first part: Redis's clock, ms
-                    self._note(fields[b"key"], int(entry_id.split(b"-")[0]))
+                    self._note(fields[b"key"], int(entry_id.split(b"-")[0]), now)
                     last = entry_id
 
     def _kafka(self) -> None:
@@ -195,9 +198,11 @@ class Arrivals(threading.Thread):
         while not self.stopped.is_set():
             # `consume` returns when it has all it asked for or its timeout passed: a longer
             # timeout would count up to itself as latency (it did: 200 ms)
-            for message in consumer.consume(10_000, 0.01):
+            messages = consumer.consume(10_000, 0.01)
+            now = time.time()
+            for message in messages:
                 if message.error() is None and message.key() is not None:
-                    self._note(message.key(), message.timestamp()[1])  # the sink's produce()
+                    self._note(message.key(), message.timestamp()[1], now)  # its produce()
         consumer.close()
 
 
@@ -367,8 +372,9 @@ def stages(committed: dict[int, float], bus: BusTimes, arrivals: Arrivals) -> st
 
 
 def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int
-               ) -> tuple[float, int]:
-    """(events/s from the commit to the last arrival, rows missing)."""
+               ) -> tuple[float, int, float, range]:
+    """(events/s from the commit to the last arrival, rows missing, the commit's time,
+    the rows)."""
     ids = range(first_id, first_id + args.bulk)
     conn = _connect(args.source, dsn)
     with conn.cursor() as cur:
@@ -386,7 +392,19 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
         time.sleep(0.2)
     arrived = [arrivals.at[i] for i in ids if i in arrivals.at]
     took = max(arrived) - committed if arrived else float("nan")
-    return len(arrived) / took if arrived else 0.0, args.bulk - len(arrived)
+    return len(arrived) / took if arrived else 0.0, args.bulk - len(arrived), committed, ids
+
+
+def bulk_timeline(committed: float, ids: range, bus: BusTimes, arrivals: Arrivals) -> str:
+    """When the bulk's first and last rows passed each stage, in s after the commit."""
+    moments = {"captured": bus.captured, "epoch closed": bus.closed,
+               "sink write": arrivals.written, "read": arrivals.at}
+    parts = []
+    for name, times in moments.items():
+        seen = [times[i] for i in ids if i in times]
+        if seen:
+            parts.append(f"{name} {min(seen) - committed:.2f}-{max(seen) - committed:.2f}")
+    return "  bulk, s after its commit (first-last row): " + "; ".join(parts)
 
 
 @dataclass
@@ -416,6 +434,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=1, help="spec.bus.partitions")
     parser.add_argument("--epoch-ms", type=int, default=0,
                         help="spec.source.epoch_ms (default: the spec's default)")
+    parser.add_argument("--sink-broker", choices=("noida", "tansu"), default="noida",
+                        help="the Kafka sink's broker: noida-db filters aborted transactions "
+                             "(what the tests need), Tansu does not (a healthy run aborts "
+                             "none) and costs a fraction of noida-db's CPU")
     parser.add_argument("--bus", choices=("tansu", "noida"), default="tansu",
                         help="the bus's broker: Tansu keeps topics in memory and its fetch "
                              "slows as a partition grows (docs/performance.md, soak); "
@@ -432,7 +454,10 @@ def running_pipeline(args: argparse.Namespace, prefix: str) -> Iterator[Running]
     source_server = PostgresServer() if args.source == "postgres" else MariaDBServer()
     # The Kafka sink is exactly-once: on noida-db, which filters aborted transactions and
     # reports fencing as the tests need (DESIGN.md); the bus stays on Tansu.
-    sink_broker = NoidaKafka() if args.sink == "kafka" else contextlib.nullcontext()
+    # `--sink-broker tansu`: a broker of compiled code, to tell delivery's cost from
+    # noida-db's (a Python broker: up to a core of this machine's two in a bulk)
+    sink_broker: Any = contextlib.nullcontext() if args.sink != "kafka" \
+        else KafkaBroker() if args.sink_broker == "tansu" else NoidaKafka()
     bus_broker = NoidaKafka() if args.bus == "noida" else KafkaBroker()
     with source_server as source, bus_broker as kafka, RedisServer() as red, \
             sink_broker as out_kafka:
@@ -514,6 +539,8 @@ def main() -> None:
             bulk = bulk_phase(args, run.dsn, run.arrivals, first_id) if args.bulk else None
             if bulk is not None:
                 print(meter.report(), flush=True)
+                bus.read()
+                print(bulk_timeline(bulk[2], bulk[3], bus, run.arrivals), flush=True)
     print(f"\n{args.source} -> {args.sink}"
           f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
           f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "

@@ -47,11 +47,13 @@ class BusChanged(RetryableError):
 
 
 def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with_epoch: int = 0
-                 ) -> tuple[list[ChangeEvent], SliceResult]:
-    """`ends_with_epoch`: the epoch whose marker must be the slice's last record (0: not
+                 ) -> tuple[list[ChangeEvent], list[int], SliceResult]:
+    """The slice's events, each one's serialized size (`split_batches`), and its result.
+    `ends_with_epoch`: the epoch whose marker must be the slice's last record (0: not
     checked)."""
     result = SliceResult(partition=partition)
     events: list[ChangeEvent] = []
+    sizes: list[int] = []
     last_epoch = 0
     for offset, value in records:
         record = decode_record(value)
@@ -59,6 +61,7 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with
         last_epoch = 0
         if kind == "event":
             events.append(record.event)
+            sizes.append(event_size(len(value)))
         elif kind == "epoch" and record.epoch.epoch_id:  # 0: a bus generation's start
             result.epoch_position = record.epoch.position
             last_epoch = record.epoch.epoch_id
@@ -69,7 +72,18 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with
                          "lost its records (nothing written: delivery starts again once "
                          "capture republished them)")
     result.events = len(events)
-    return events, result
+    return events, sizes, result
+
+
+def event_size(record_bytes: int) -> int:
+    """The serialized size of the event a bus record of `record_bytes` holds: the record is
+    the event's field tag (one byte) and the varint of its length, then the event. (The
+    event's own `ByteSize` serializes it again: ~4 µs an event, a tenth of the plain loop.)"""
+    inner = record_bytes - 1
+    width = 1
+    while inner - width >= 1 << (7 * width):
+        width += 1
+    return inner - width
 
 
 def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: Sequence[Sink],
@@ -85,7 +99,7 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
     `acked`: what each exactly-once sink acknowledged storing in this partition
     (`fanout.deliver_to_sink`); `delivered`: called with the events every sink
     acknowledged (dead letters left out), once they all did (`outbox_cleanup`)."""
-    events, result = decode_slice(partition, records, ends_with_epoch)
+    events, sizes, result = decode_slice(partition, records, ends_with_epoch)
     if processors:
         floor = min((position_key(p) for p in checkpoints.values() if p is not None),
                     default=(-1, -1)) if all(checkpoints.get(s.id) for s in sinks) else (-1, -1)
@@ -99,7 +113,8 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
                 f"dead-letter queue ({len(failures)} event(s) failed in this batch)")
         result.dead_letters.extend(("processor", e, r) for e, r in failures)
         events = kept
-    batches = list(split_batches(events, batch or BatchSpec()))
+    batches = list(split_batches(events, batch or BatchSpec(),
+                                 None if processors else sizes))  # (theirs: sized again)
 
     def commit_for(sink: Sink, position: Position) -> BatchCommit:
         return BatchCommit(pipeline=pipeline, source_id=source_id, sink_id=sink.id,

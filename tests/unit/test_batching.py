@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tailrace.config import BatchSpec
 from tailrace.events import ChangeEvent, Position
+from tailrace.proto.event_pb2 import BusRecord
 from tailrace_services.delivery.batching import split_batches
+from tailrace_services.delivery.runtime import event_size
 
 
 def tx(seq: int, size: int) -> list[ChangeEvent]:
@@ -41,3 +43,22 @@ def test_without_respect_source_tx_splits_by_size_only():
     batches = list(split_batches(events, BatchSpec(max_events=3, respect_source_tx=False)))
     assert [len(b) for b in batches] == [3, 3, 3, 1]
 
+
+
+def test_the_sizes_of_bus_records_are_their_events_sizes():
+    """`decode_slice` sizes each event from its bus record (the event's `ByteSize` serializes
+    it again): the same bytes, events of one to a few hundred thousand bytes."""
+    lengths = [0, *range(110, 140), *range(16_360, 16_400), 3_000_000]  # varints' widths
+    for length in lengths:
+        event = ChangeEvent(table="x" * length, position=Position(tx_seq=1))
+        record = BusRecord(event=event).SerializeToString()
+        assert event_size(len(record)) == event.ByteSize(), length
+
+
+def test_batches_cut_by_the_sizes_given():
+    events = tx(1, 4) + tx(2, 4)
+    batches = list(split_batches(events, BatchSpec(max_events=1000, max_bytes=100),
+                                 sizes=[30] * 8))
+    assert [seqs(b) for b in batches] == [[1], [2]]
+    assert len(list(split_batches(events, BatchSpec(max_events=1000, max_bytes=100),
+                                  sizes=[1] * 8))) == 1

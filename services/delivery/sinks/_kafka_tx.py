@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -137,7 +137,7 @@ class BrokerReach:
             self.check(producer)
 
 
-def produce_all(producer: Producer, messages: Sequence[tuple[int, Message]], errors: DeliveryErrors,
+def produce_all(producer: Producer, messages: Iterable[tuple[int, Message]], errors: DeliveryErrors,
                 deadline: float) -> None:
     """Produce in order; a full local queue is drained (served) until `deadline`. Each
     message comes with the index of its event, which failures are reported under."""
@@ -252,16 +252,28 @@ class TransactionalWriter:
         if err is None:
             self._sent_at = msg.partition(), msg.offset()
 
-    def write(self, messages: Sequence[tuple[int, Message]], commit: BatchCommit | None,
-              errors: DeliveryErrors) -> None:
+    def write(self, messages: Iterable[tuple[int, Message]], commit: BatchCommit | None,
+              errors: DeliveryErrors, check: Callable[[], None] | None = None) -> None:
         """One transaction: `messages` (each with the index of its event, which delivery
-        errors are reported under in `errors`) and, with a `commit`, the checkpoint record."""
+        errors are reported under in `errors`) and, with a `commit`, the checkpoint record.
+        `check`, once every message is produced, raises if the transaction must not be
+        committed (a message that could not be made): it is aborted, and the error raised."""
         producer = self._live()
         deadline = time.monotonic() + self.timeout_s
         if self.kept:
             self.still_reaches()
         producer.begin_transaction()
         produce_all(producer, messages, errors, deadline)
+        if check is not None:
+            try:
+                check()
+            except Exception:
+                try:
+                    self.reach.wait(producer, producer.abort_transaction,
+                                    max(deadline - time.monotonic(), 1.0))
+                except Exception:  # noqa: BLE001 - the next writer's init_transactions ends it
+                    self.close()
+                raise
         if commit is not None:  # after a batch that filled the local queue, it waits too
             self._sent_at = None
             produce_one(producer, self.checkpoint_topic, commit.position.SerializeToString(),
@@ -271,6 +283,10 @@ class TransactionalWriter:
                         max(deadline - time.monotonic(), 1.0))
         if commit is not None:  # (commit_transaction served the delivery reports)
             self.stored, self._written_at = commit.position, self._sent_at
+
+    @property
+    def closed(self) -> bool:
+        return self._producer is None
 
     def _live(self) -> Producer:
         if self._producer is None:

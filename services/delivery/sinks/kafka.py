@@ -232,29 +232,46 @@ class KafkaSink(Sink):
         """Route and encode `events[i]` for each index, into its messages; the ones that
         cannot be, or are too large, fail alone (a PerEventError naming them, before
         anything is sent)."""
-        encoder = self._encoder()
-        messages: dict[int, list[Message]] = {}
         failures: list[tuple[int, str]] = []
+        messages = dict(self.encoded(events, indexes, failures))
+        self.refuse(failures)
+        return messages
+
+    def encoded(self, events: Sequence[ChangeEvent], indexes: Iterable[int],
+                failures: list[tuple[int, str]]) -> Iterator[tuple[int, list[Message]]]:
+        """`messages`, one event at a time as it is encoded (a transaction produces each
+        while the next is encoded): one that cannot be is left out, named in `failures`."""
+        encoder = self._encoder()
+        content_type, template = encoder.content_type, self._spec.topic
         for i in indexes:
             event = events[i]
             if not event.key_columns and event.op in _ROW_OPS:
                 self._warn_keyless(event)
             try:
-                topic = destination(self._spec.topic, event)
-                msgs = [Message(topic, r.key, r.value, record_headers(event, r, encoder.content_type))
-                        for r in encoder.records(event)]
+                topic = destination(template, event)
+                records = encoder.records(event)
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
                 continue
-            size = max((m.size for m in msgs), default=0)  # none: DDL in a registry format
+            if len(records) == 1:  # (one record: the event's message, the usual case)
+                r = records[0]
+                msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))]
+                size = msgs[0].size
+            else:  # none (DDL in a registry format), or a Debezium key change or tombstone
+                msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))
+                        for r in records]
+                size = max((m.size for m in msgs), default=0)
             if size > self._max_bytes:
                 failures.append((i, f"message too large: {size} bytes > message.max.bytes "
                                     f"{self._max_bytes}"))
-            messages[i] = msgs
+                continue
+            yield i, msgs
+
+    def refuse(self, failures: list[tuple[int, str]]) -> None:
+        """The PerEventError naming `failures`, if any."""
         if failures:
             raise PerEventError(f"kafka sink {self.id}: {len(failures)} event(s) cannot be "
                                 f"written; first: {failures[0][1]}", failures)
-        return messages
 
     def _encoder(self) -> Encoder | RegistryEncoder:
         """One per batch (it counts `data_collection_order`): a new `Encoder`, or the
@@ -327,8 +344,14 @@ class _Transaction(AtomicWrite):
 
     def write(self, events: Sequence[ChangeEvent], indexes: list[int],
               commit: BatchCommit) -> None:
-        messages = self._sink.messages(events, indexes)
-        self._writer.write([(i, m) for i in indexes for m in messages[i]], commit, self._errors)
+        """Each message produced once encoded (librdkafka sends the first while the rest
+        are encoded); an event that cannot be written aborts the transaction at its end
+        (`TransactionalWriter.write`'s `check`): nothing of it is committed."""
+        failures: list[tuple[int, str]] = []
+        messages = ((i, m) for i, msgs in self._sink.encoded(events, indexes, failures)
+                    for m in msgs)
+        self._writer.write(messages, commit, self._errors,
+                           check=lambda: self._sink.refuse(failures))
 
 
 class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
@@ -395,9 +418,13 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
                               self._errors)
 
     def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
-        if isinstance(error, PerEventError):
-            return error  # nothing was sent: the writer is still good
         writer_id = self._transactional_id(commit.partition if commit else 0)
+        if isinstance(error, PerEventError):
+            # nothing was committed; a writer whose transaction could not be aborted closed
+            writer = self._writers.get(writer_id)
+            if writer is not None and writer.closed:
+                del self._writers[writer_id]
+            return error
         dropped = self._writers.pop(writer_id, None)
         if dropped is not None:
             dropped.close()  # the next write starts from the committed checkpoint
