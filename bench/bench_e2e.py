@@ -550,8 +550,13 @@ def main() -> None:
     for row in rows:
         print(_line(*row))
     if bulk is not None:
+        rows, committed = args.bulk - bulk[1], bulk[2]
+        written = max((run.arrivals.written[i] for i in bulk[3] if i in run.arrivals.written),
+                      default=float("nan"))
         print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
-              f"end to end, {bulk[1]} missing")
+              f"end to end (to the bench's read of the last row), "
+              f"{rows / (written - committed):,.0f} to its write in the sink (the sink's "
+              f"clock), {bulk[1]} missing")
 
 
 def _warm_up(args: argparse.Namespace, dsn: str, arrivals: Arrivals, sup: Supervisor
