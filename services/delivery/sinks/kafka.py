@@ -8,7 +8,10 @@ and the sink's checkpoint (see `_kafka_tx`), so a `read_committed` consumer sees
 event once, every batch (and thus every source transaction) atomically.
 `transactional.id` is `tailrace.{pipeline}.{sink}.{partition}`: a second delivery
 process for the same pipeline fences the first, which stops with `ProducerFencedError`
-(fatal). `build_sink` picks the one the spec asks for.
+(fatal). `build_sink` picks the one the spec asks for. An event that cannot be written
+(routing, encoding, `message.max.bytes`) fails alone (`PerEventError`): at-least-once
+before anything of the batch is sent; exactly-once, which produces each message as soon as
+it is encoded, by aborting the transaction at its end (nothing of the batch is committed).
 
 Every message: key = the row's primary key (`key_bytes`; Debezium's key document with
 `envelope: debezium`), value = the envelope, headers `tailrace-event-id`,
