@@ -555,8 +555,9 @@ def main() -> None:
                       default=float("nan"))
         print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
               f"end to end (to the bench's read of the last row), "
-              f"{rows / (written - committed):,.0f} to its write in the sink (the sink's "
-              f"clock), {bulk[1]} missing")
+              f"{rows / (written - committed):,.0f} to its write in the sink ("
+              f"{'the record produced, before its commit' if args.sink == 'kafka' else 'Redis'}"
+              f"), {bulk[1]} missing")
 
 
 def _warm_up(args: argparse.Namespace, dsn: str, arrivals: Arrivals, sup: Supervisor

@@ -114,7 +114,7 @@ def deliver_slice(partition: int, records: Iterable[tuple[int, bytes]], sinks: S
         result.dead_letters.extend(("processor", e, r) for e, r in failures)
         events = kept
     batches = list(split_batches(events, batch or BatchSpec(),
-                                 None if processors else sizes))  # (theirs: sized again)
+                                 None if processors else sizes))  # processors change events
 
     def commit_for(sink: Sink, position: Position) -> BatchCommit:
         return BatchCommit(pipeline=pipeline, source_id=source_id, sink_id=sink.id,

@@ -191,16 +191,16 @@ def test_too_large_messages_fail_alone_and_nothing_of_the_batch_commits(noida_ka
             sink.write(batch, commit(batch, pipeline))
         assert [i for i, _ in caught.value.failures] == [3]
         assert isinstance(caught.value, NonRetryableError)
-        # at-least-once refuses the batch before anything is sent; exactly-once produces
-        # each message once encoded and aborts the transaction at its end (what was sent
-        # of it is in the log, aborted)
-        sent = messages_in(noida_kafka.bootstrap, prefix)
-        assert sent == 0 if not exactly_once else sent <= 9, sent
-        if exactly_once:  # its writer goes on after the abort
-            sink.write(rest, commit(rest, pipeline))
+        if not exactly_once:  # refused before anything is sent
+            assert messages_in(noida_kafka.bootstrap, prefix) == 0
+        else:  # each message produced once encoded, the transaction aborted at its end;
+            sink.write(rest, commit(rest, pipeline))  # the writer goes on after the abort
         sink.close()
     got = ids(read_topics(noida_kafka.bootstrap, prefix))  # read_committed
     assert sorted(got) == sorted(e.id for e in rest)  # nothing of the refused batches
+    everything = ids(read_topics(noida_kafka.bootstrap, prefix, "read_uncommitted"))
+    assert batch[3].id not in everything  # the too-large message never left the client
+    assert len(everything) <= 2 * len(rest)  # the aborted ones, at most once each
 
 
 def test_broker_outage_is_retryable_and_recovers_exactly_once(make_noida_kafka: Any) -> None:

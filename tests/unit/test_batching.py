@@ -44,7 +44,6 @@ def test_without_respect_source_tx_splits_by_size_only():
     assert [len(b) for b in batches] == [3, 3, 3, 1]
 
 
-
 def test_the_sizes_of_bus_records_are_their_events_sizes():
     """`decode_slice` sizes each event from its bus record (the event's `ByteSize` serializes
     it again): the same bytes, events of one to a few hundred thousand bytes."""

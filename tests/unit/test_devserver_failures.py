@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,7 @@ def test_only_the_failed_commands_own_error_lines_are_quoted(tmp_path: Path) -> 
     assert "an earlier run's error" not in errors
 
 
-def test_the_wait_for_a_killed_group_ends_when_its_last_live_process_is_gone(
-        tmp_path: Path) -> None:
+def test_the_wait_for_a_killed_group_ends_when_its_last_live_process_is_gone() -> None:
     """A restarted PostgreSQL refused to start while a backend of the killed one lived
     ("pre-existing shared memory block is still in use"): the wait sees a live member, and
     not a zombie (it holds nothing; an orphan's reaper may be slow to take it)."""
@@ -72,7 +72,13 @@ def test_the_wait_for_a_killed_group_ends_when_its_last_live_process_is_gone(
 
 
 def test_kill_process_returns_once_the_whole_group_is_gone(tmp_path: Path) -> None:
-    proc = start_process(["sh", "-c", "sleep 30 & sleep 30 & wait"],
-                         log_path=tmp_path / "x.log")
+    """The leader and its children (started before the kill: the log says so)."""
+    log = tmp_path / "x.log"
+    proc = start_process(["sh", "-c", "sleep 30 & sleep 30 & echo started; wait"], log_path=log)
+    deadline = time.monotonic() + 10
+    while "started" not in log.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert _group_alive(proc.pid)
     kill_process(proc)
     assert not _group_alive(proc.pid)

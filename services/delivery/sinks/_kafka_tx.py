@@ -138,8 +138,9 @@ class BrokerReach:
 
 
 def produce_all(producer: Producer, messages: Iterable[tuple[int, Message]], errors: DeliveryErrors,
-                deadline: float) -> None:
-    """Produce in order; a full local queue is drained (served) until `deadline`. Each
+                timeout_s: float) -> None:
+    """Produce in order; a full local queue is drained (served) for up to `timeout_s` a
+    message (`messages` may be made as they are taken: their making is not counted). Each
     message comes with the index of its event, which failures are reported under."""
     for index, msg in messages:
         def report(err: KafkaError | None, _: Any, index: int = index) -> None:
@@ -147,7 +148,7 @@ def produce_all(producer: Producer, messages: Iterable[tuple[int, Message]], err
                 errors.setdefault(index, err)
 
         try:
-            produce_one(producer, msg.topic, msg.value, msg.key, deadline,
+            produce_one(producer, msg.topic, msg.value, msg.key, time.monotonic() + timeout_s,
                         headers=msg.headers, on_delivery=report)
         except KafkaException as e:
             errors.setdefault(index, e.args[0])
@@ -257,22 +258,21 @@ class TransactionalWriter:
         """One transaction: `messages` (each with the index of its event, which delivery
         errors are reported under in `errors`) and, with a `commit`, the checkpoint record.
         `check`, once every message is produced, raises if the transaction must not be
-        committed (a message that could not be made): it is aborted, and the error raised."""
+        committed (a message that could not be made): it is aborted, and the error raised.
+        An abort that fails raises its own error instead: the writer's failure, not the
+        events' (a fenced producer may first show it there), which the sink handles as any
+        other failed write."""
         producer = self._live()
-        deadline = time.monotonic() + self.timeout_s
         if self.kept:
             self.still_reaches()
         producer.begin_transaction()
-        produce_all(producer, messages, errors, deadline)
+        produce_all(producer, messages, errors, self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s  # (the messages' making not counted)
         if check is not None:
             try:
                 check()
             except Exception:
-                try:
-                    self.reach.wait(producer, producer.abort_transaction,
-                                    max(deadline - time.monotonic(), 1.0))
-                except Exception:  # noqa: BLE001 - the next writer's init_transactions ends it
-                    self.close()
+                self.reach.wait(producer, producer.abort_transaction, self.timeout_s)
                 raise
         if commit is not None:  # after a batch that filled the local queue, it waits too
             self._sent_at = None
@@ -283,10 +283,6 @@ class TransactionalWriter:
                         max(deadline - time.monotonic(), 1.0))
         if commit is not None:  # (commit_transaction served the delivery reports)
             self.stored, self._written_at = commit.position, self._sent_at
-
-    @property
-    def closed(self) -> bool:
-        return self._producer is None
 
     def _live(self) -> Producer:
         if self._producer is None:

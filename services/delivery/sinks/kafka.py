@@ -11,7 +11,9 @@ process for the same pipeline fences the first, which stops with `ProducerFenced
 (fatal). `build_sink` picks the one the spec asks for. An event that cannot be written
 (routing, encoding, `message.max.bytes`) fails alone (`PerEventError`): at-least-once
 before anything of the batch is sent; exactly-once, which produces each message as soon as
-it is encoded, by aborting the transaction at its end (nothing of the batch is committed).
+it is encoded, by aborting the transaction at its end: nothing of the batch is committed,
+but what was sent of it stays in the topic as aborted records, which a `read_committed`
+consumer skips and a `read_uncommitted` one (the Java client's default) reads.
 
 Every message: key = the row's primary key (`key_bytes`; Debezium's key document with
 `envelope: debezium`), value = the envelope, headers `tailrace-event-id`,
@@ -31,7 +33,6 @@ by it keeps them, and a tombstone has no `content-type` (it has no content).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -191,11 +192,9 @@ class KafkaSink(Sink):
             self._producer = new_client(Producer, {**self._producer_conf,
                                                    "error_cb": self._reach.on_error})
         producer = self._producer
-        deadline = time.monotonic() + self._timeout_s
         try:
-            produce_all(producer, messages, errors, deadline)
-            left = self._reach.wait(producer, producer.flush,
-                                    max(deadline - time.monotonic(), 0.1))
+            produce_all(producer, messages, errors, self._timeout_s)
+            left = self._reach.wait(producer, producer.flush, self._timeout_s)
             if left:
                 raise KafkaException(KafkaError(
                     KafkaError._MSG_TIMED_OUT,
@@ -421,13 +420,9 @@ class TransactionalKafkaSink(ExactlyOnceSink, KafkaSink):
                               self._errors)
 
     def write_failed(self, error: Exception, commit: BatchCommit | None) -> Exception:
-        writer_id = self._transactional_id(commit.partition if commit else 0)
         if isinstance(error, PerEventError):
-            # nothing was committed; a writer whose transaction could not be aborted closed
-            writer = self._writers.get(writer_id)
-            if writer is not None and writer.closed:
-                del self._writers[writer_id]
-            return error
+            return error  # nothing was committed (the transaction aborted): the writer is good
+        writer_id = self._transactional_id(commit.partition if commit else 0)
         dropped = self._writers.pop(writer_id, None)
         if dropped is not None:
             dropped.close()  # the next write starts from the committed checkpoint
