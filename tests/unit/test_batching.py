@@ -46,7 +46,7 @@ def test_without_respect_source_tx_splits_by_size_only():
 
 def test_the_sizes_of_bus_records_are_their_events_sizes():
     """`decode_slice` sizes each event from its bus record (the event's `ByteSize` serializes
-    it again): the same bytes, events of one to a few hundred thousand bytes."""
+    it again): the same bytes, for events of a few bytes to a few megabytes."""
     lengths = [0, *range(110, 140), *range(16_360, 16_400), 3_000_000]  # varints' widths
     for length in lengths:
         event = ChangeEvent(table="x" * length, position=Position(tx_seq=1))
