@@ -47,7 +47,8 @@ def test_the_compose_control_replicas_serve_one_state_from_postgresql(
             wait_for_port(address)
             addresses.append(address)
             sides.append(side)
-        for side in sides:
+        for side in sides:  # (the HTTP side starts after the gRPC port: a slow machine
+            wait_for_port(f"127.0.0.1:{side}")  # refused the first /health in between)
             with urllib.request.urlopen(f"http://127.0.0.1:{side}/health", timeout=10) as r:
                 assert r.status == 200
         admin = tokens["admin_token"].read_text().strip()
