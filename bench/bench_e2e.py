@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -371,10 +371,19 @@ def stages(committed: dict[int, float], bus: BusTimes, arrivals: Arrivals) -> st
         f"{percentile(v, 0.99) * 1000:.0f}" for name, v in parts.items())
 
 
-def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int
-               ) -> tuple[float, int, float, range]:
-    """(events/s from the commit to the last arrival, rows missing, the commit's time,
-    the rows)."""
+class Bulk(NamedTuple):
+    rate: float  # events/s from the commit to the bench's read of the last row
+    missing: int
+    committed: float  # when the COMMIT returned (time.time())
+    ids: range  # the rows
+
+    def rate_to_sink(self, arrivals: Arrivals) -> float:
+        """Events/s from the commit to the last row's write in the sink (`Arrivals.written`)."""
+        written = [arrivals.written[i] for i in self.ids if i in arrivals.written]
+        return len(written) / (max(written) - self.committed) if written else 0.0
+
+
+def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int) -> Bulk:
     ids = range(first_id, first_id + args.bulk)
     conn = _connect(args.source, dsn)
     with conn.cursor() as cur:
@@ -392,7 +401,7 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
         time.sleep(0.2)
     arrived = [arrivals.at[i] for i in ids if i in arrivals.at]
     took = max(arrived) - committed if arrived else float("nan")
-    return len(arrived) / took if arrived else 0.0, args.bulk - len(arrived), committed, ids
+    return Bulk(len(arrived) / took if arrived else 0.0, args.bulk - len(arrived), committed, ids)
 
 
 def bulk_timeline(committed: float, ids: range, bus: BusTimes, arrivals: Arrivals) -> str:
@@ -540,7 +549,7 @@ def main() -> None:
             if bulk is not None:
                 print(meter.report(), flush=True)
                 bus.read()
-                print(bulk_timeline(bulk[2], bulk[3], bus, run.arrivals), flush=True)
+                print(bulk_timeline(bulk.committed, bulk.ids, bus, run.arrivals), flush=True)
     print(f"\n{args.source} -> {args.sink}"
           f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
           f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
@@ -550,14 +559,11 @@ def main() -> None:
     for row in rows:
         print(_line(*row))
     if bulk is not None:
-        rows, committed = args.bulk - bulk[1], bulk[2]
-        written = max((run.arrivals.written[i] for i in bulk[3] if i in run.arrivals.written),
-                      default=float("nan"))
-        print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk[0]:,.0f} events/s "
+        clock = "the record produced, before its commit" if args.sink == "kafka" else "Redis"
+        print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk.rate:,.0f} events/s "
               f"end to end (to the bench's read of the last row), "
-              f"{rows / (written - committed):,.0f} to its write in the sink ("
-              f"{'the record produced, before its commit' if args.sink == 'kafka' else 'Redis'}"
-              f"), {bulk[1]} missing")
+              f"{bulk.rate_to_sink(run.arrivals):,.0f} to its write in the sink ({clock}), "
+              f"{bulk.missing} missing")
 
 
 def _warm_up(args: argparse.Namespace, dsn: str, arrivals: Arrivals, sup: Supervisor
