@@ -372,15 +372,22 @@ def stages(committed: dict[int, float], bus: BusTimes, arrivals: Arrivals) -> st
 
 
 class Bulk(NamedTuple):
-    rate: float  # events/s from the commit to the bench's read of the last row
-    missing: int
     committed: float  # when the COMMIT returned (time.time())
     ids: range  # the rows
+    rate: float  # events/s to the bench's read of the last row, when the wait ended
+    missing: int  # then
 
-    def rate_to_sink(self, arrivals: Arrivals) -> float:
-        """Events/s from the commit to the last row's write in the sink (`Arrivals.written`)."""
-        written = [arrivals.written[i] for i in self.ids if i in arrivals.written]
-        return len(written) / (max(written) - self.committed) if written else 0.0
+    def timeline(self, bus: BusTimes, arrivals: Arrivals) -> str:
+        """When the first and last rows passed each stage, in s after the commit."""
+        moments = {"captured": bus.captured, "epoch closed": bus.closed,
+                   "sink write": arrivals.written, "read": arrivals.at}
+        parts = []
+        for name, times in moments.items():
+            seen = [times[i] for i in self.ids if i in times]
+            if seen:
+                parts.append(f"{name} {min(seen) - self.committed:.2f}-"
+                             f"{max(seen) - self.committed:.2f}")
+        return "  bulk, s after its commit (first-last row): " + "; ".join(parts)
 
 
 def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int) -> Bulk:
@@ -399,21 +406,15 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
     deadline = time.monotonic() + DRAIN_S + args.bulk / 5_000
     while time.monotonic() < deadline and any(i not in arrivals.at for i in ids):
         time.sleep(0.2)
-    arrived = [arrivals.at[i] for i in ids if i in arrivals.at]
-    took = max(arrived) - committed if arrived else float("nan")
-    return Bulk(len(arrived) / took if arrived else 0.0, args.bulk - len(arrived), committed, ids)
+    return Bulk(committed, ids, rate_to(committed, ids, arrivals.at),
+                sum(i not in arrivals.at for i in ids))
 
 
-def bulk_timeline(committed: float, ids: range, bus: BusTimes, arrivals: Arrivals) -> str:
-    """When the bulk's first and last rows passed each stage, in s after the commit."""
-    moments = {"captured": bus.captured, "epoch closed": bus.closed,
-               "sink write": arrivals.written, "read": arrivals.at}
-    parts = []
-    for name, times in moments.items():
-        seen = [times[i] for i in ids if i in times]
-        if seen:
-            parts.append(f"{name} {min(seen) - committed:.2f}-{max(seen) - committed:.2f}")
-    return "  bulk, s after its commit (first-last row): " + "; ".join(parts)
+def rate_to(committed: float, ids: range, times: dict[int, float]) -> float:
+    """Events/s from `committed` to the last of the rows' `times` (an `Arrivals`'s `at`:
+    the bench read them; `written`: the sink's times)."""
+    seen = [times[i] for i in ids if i in times]
+    return len(seen) / (max(seen) - committed) if seen else 0.0
 
 
 @dataclass
@@ -549,7 +550,7 @@ def main() -> None:
             if bulk is not None:
                 print(meter.report(), flush=True)
                 bus.read()
-                print(bulk_timeline(bulk.committed, bulk.ids, bus, run.arrivals), flush=True)
+                print(bulk.timeline(bus, run.arrivals), flush=True)
     print(f"\n{args.source} -> {args.sink}"
           f"{' (exactly-once)' if args.sink == 'kafka' else ''}, transactions of "
           f"{TX_ROWS} rows, {args.seconds:.0f} s per rate; load average "
@@ -562,7 +563,8 @@ def main() -> None:
         clock = "the record produced, before its commit" if args.sink == "kafka" else "Redis"
         print(f"bulk: {args.bulk:,} rows in one transaction -> {bulk.rate:,.0f} events/s "
               f"end to end (to the bench's read of the last row), "
-              f"{bulk.rate_to_sink(run.arrivals):,.0f} to its write in the sink ({clock}), "
+              f"{rate_to(bulk.committed, bulk.ids, run.arrivals.written):,.0f} to its write "
+              f"in the sink ({clock}), "
               f"{bulk.missing} missing")
 
 

@@ -28,6 +28,13 @@ def ids_in(pipeline: Any, stream: str) -> list[int]:
             if e["op"] in ("insert", "read")]
 
 
+def inserted_and_read(pipeline: Any, stream: str) -> set[int]:
+    """The rows that came both as their insert and as a snapshot's read."""
+    entries = pipeline.stream_entries(stream)
+    return ({e["after"]["id"] for e in entries if e["op"] == "insert"}
+            & {e["after"]["id"] for e in entries if e["op"] == "read"})
+
+
 def assert_each_row_once(pipeline: Any, stream: str, expected: range, before: range) -> None:
     """Every row arrived, no event twice, no row read twice; the rows inserted `before` the
     table was captured only as reads. A row inserted after its table joined the stream
@@ -104,13 +111,8 @@ def test_managed_services_follow_applied_versions_without_restart_or_loss(
         "the added sink: everything from its start on, once"
     assert loaded(pipeline, "capture") == loaded(pipeline, "delivery") == 3
     pipeline.delete_managed(name, pids)
-
-    def both(stream: str) -> int:
-        entries = pipeline.stream_entries(stream)
-        return len({e["after"]["id"] for e in entries if e["op"] == "insert"}
-                   & {e["after"]["id"] for e in entries if e["op"] == "read"})
-
     print(f"\nthree versions applied to running services (pids unchanged); m1.orders "
           f"{len(ids_in(pipeline, 'm1.orders'))}, m1.items {len(ids_in(pipeline, 'm1.items'))}, "
-          f"m2.orders {len(m2)} (rows both inserted and read: m1.items {both('m1.items')}); "
+          f"m2.orders {len(m2)} (rows both inserted and read: m1.items "
+          f"{len(inserted_and_read(pipeline, 'm1.items'))}); "
           "the delete stopped both with exit 0")

@@ -255,14 +255,11 @@ class KafkaSink(Sink):
             except (KeyError, ValueError, TypeError) as e:
                 failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
                 continue
-            if len(records) == 1:  # (one record: the event's message, the usual case)
-                r = records[0]
-                msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))]
-                size = msgs[0].size
-            else:  # none (DDL in a registry format), or a Debezium key change or tombstone
-                msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))
-                        for r in records]
-                size = max((m.size for m in msgs), default=0)
+            msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))
+                    for r in records]
+            # one message is the usual case: without max()'s generator (~3 µs an event
+            # here); none: DDL in a registry format
+            size = msgs[0].size if len(msgs) == 1 else max((m.size for m in msgs), default=0)
             if size > self._max_bytes:
                 failures.append((i, f"message too large: {size} bytes > message.max.bytes "
                                     f"{self._max_bytes}"))
