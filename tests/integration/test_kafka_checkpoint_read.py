@@ -1,18 +1,20 @@
 """The Kafka sink's stored checkpoint is read from the checkpoint topic's end, going further
 back only while its key is not found: the same answer as reading the whole topic, at a cost
-that does not grow with every batch the topic has kept."""
+that does not grow with every batch the topic has kept; through a cut link, the read gives
+up once no broker has answered for DOWN_S, not at its timeout."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from tailrace.proto.event_pb2 import Position
 from tailrace_services.delivery.sinks import _kafka_tx
-from tailrace_services.delivery.sinks._kafka_tx import read_checkpoint
+from tailrace_services.delivery.sinks._kafka_tx import DOWN_S, read_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +97,29 @@ def test_a_kept_writer_sees_that_the_checkpoint_topic_lost_its_last_record(
         assert writer.stored is None, "read back, the lost checkpoint is gone"
     finally:
         writer.close()
+
+
+def test_a_checkpoint_read_through_a_cut_link_gives_up_once_no_broker_answers(
+        proxied_broker: Any) -> None:
+    """An exactly-once sink reads its checkpoint back with each new writer, and a kept one
+    every CHECKPOINT_RECHECK_S. librdkafka waits out a metadata request's whole timeout
+    (30 s) while connections are refused, so a cut found there kept its batch, and `/ready`,
+    from naming the sink for over 30 s (a CI run's network-cut test saw `ready 200` for
+    all of its 30 s cut)."""
+    broker, proxy = proxied_broker
+    topic = f"ckpt-{uuid.uuid4().hex[:8]}"
+    client = {"bootstrap.servers": f"127.0.0.1:{proxy.port}"}
+    plain = Producer(client)
+    plain.produce(topic, Position(tx_seq=7).SerializeToString(), b"p/k/0")
+    assert plain.flush(30) == 0
+    stored = read_checkpoint(client, topic, b"p/k/0", 30)
+    assert stored is not None and stored.tx_seq == 7, "read through the link while it is up"
+    proxy.cut()
+    started = time.monotonic()
+    with pytest.raises(KafkaException, match="no broker reachable for"):
+        read_checkpoint(client, topic, b"p/k/0", 30)
+    took = time.monotonic() - started
+    assert took < DOWN_S + 5, f"gave up after {took:.1f} s, not once no broker answered"
+    proxy.restore()
+    stored = read_checkpoint(client, topic, b"p/k/0", 30)
+    assert stored is not None and stored.tx_seq == 7, "read again once the link is back"

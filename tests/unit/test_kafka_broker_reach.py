@@ -66,3 +66,46 @@ def test_messages_going_out_show_the_brokers_answer() -> None:
     reach.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
     assert reach.wait(producer, producer.flush, 5.0) == 0  # type: ignore[arg-type]
     assert reach.down_since is None
+
+
+class Slow:
+    """A metadata request that times out `misses` times before it is answered."""
+
+    def __init__(self, misses: int, reach: BrokerReach | None = None) -> None:
+        self.misses, self.reach, self.asked = misses, reach, 0
+
+    def poll(self, timeout: float) -> None:
+        if self.reach is not None:  # librdkafka's report, served by poll
+            self.reach.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+
+    def list_topics(self, timeout: float) -> str:
+        self.asked += 1
+        if self.asked <= self.misses:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+        return "metadata"
+
+
+def test_a_read_asked_again_is_answered_when_no_broker_was_reported_down() -> None:
+    """A slow link: slices time out, but librdkafka never says every broker is down."""
+    reach, client = BrokerReach(), Slow(misses=3)
+    assert reach.ask(client, client.list_topics, 5.0) == "metadata"  # type: ignore[arg-type]
+    assert client.asked == 4
+
+
+def test_a_read_gives_up_once_every_broker_has_been_down_for_down_s() -> None:
+    reach = BrokerReach()
+    client = Slow(misses=10**6, reach=reach)
+    down_long_ago(reach)
+    with pytest.raises(KafkaException, match="no broker reachable for"):
+        reach.ask(client, client.list_topics, 30.0)  # type: ignore[arg-type]
+    assert client.asked == 1
+
+
+def test_other_errors_of_a_read_are_raised_at_once() -> None:
+    reach = BrokerReach()
+
+    def refused(timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+
+    with pytest.raises(KafkaException, match="denied"):
+        reach.ask(Slow(0), refused, 30.0)  # type: ignore[arg-type]

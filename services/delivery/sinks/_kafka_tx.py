@@ -22,8 +22,9 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -54,6 +55,7 @@ class Message(NamedTuple):
 
 
 DeliveryErrors = dict[int, KafkaError]
+T = TypeVar("T")
 
 # librdkafka holds a new connection back for half of reconnect.backoff.ms (default 100)
 # once the bootstrap connection gives way to the broker's own, and `init_transactions`
@@ -66,6 +68,8 @@ CHECKPOINT_TAIL = 256  # records read first from the checkpoint topic's end (`re
 CHECKPOINT_RECHECK_S = 10.0
 DOWN_S = 5.0  # no broker reachable this long: a cut link, and the call gives up for now
 _SLICE_S = 1.0  # how long one wait inside librdkafka lasts before the brokers are looked at
+# What a metadata or offsets request that no broker answered in time raises.
+_UNANSWERED = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
 
 
 class BrokerReach:
@@ -74,7 +78,8 @@ class BrokerReach:
     librdkafka retries an unreachable broker until the call's own timeout (30 s), so a
     cut link would show only when a batch times out; a call that gives up once every
     broker has been down for DOWN_S fails its batch early, and `/ready` names the sink
-    while the link is still cut. A slow link keeps its brokers up and its timeouts."""
+    while the link is still cut. A slow link keeps its brokers up and its timeouts.
+    Producers and consumers alike: `error_cb` is served by their `poll`."""
 
     def __init__(self) -> None:
         self.down_since: float | None = None
@@ -90,20 +95,44 @@ class BrokerReach:
         """A call went through: the brokers answer."""
         self.down_since = None
 
-    def check(self, producer: Producer) -> None:
+    def check(self, client: Producer | Consumer) -> None:
         """Raise once every broker has been down for DOWN_S and still does not answer:
         librdkafka says when brokers go down (also an idle connection the broker closed),
         never when they are back, so a metadata request asks them first."""
         if self.down_since is None or time.monotonic() - self.down_since < DOWN_S:
             return
         try:
-            producer.list_topics(timeout=1.0)
+            client.list_topics(timeout=1.0)
         except KafkaException:
-            raise KafkaException(KafkaError(
-                KafkaError._ALL_BROKERS_DOWN,
-                f"no broker reachable for {time.monotonic() - self.down_since:.0f} s "
-                f"({self.error})")) from None
+            raise self._gone() from None
         self.up()
+
+    def _gone(self) -> KafkaException:
+        since = time.monotonic() - (self.down_since or time.monotonic())
+        return KafkaException(KafkaError(
+            KafkaError._ALL_BROKERS_DOWN, f"no broker reachable for {since:.0f} s ({self.error})"))
+
+    def ask(self, client: Producer | Consumer, call: Callable[..., T], timeout_s: float) -> T:
+        """A read of the brokers' metadata or offsets, `call(timeout=)`, asked again in slices
+        until `timeout_s`: a request no broker answered (refused connections: librdkafka
+        waits out the whole timeout) gives up once every broker has been down for DOWN_S.
+        `client`'s `poll` must not consume (a producer, or a consumer with nothing assigned)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                result = call(timeout=max(min(_SLICE_S, left), 0.1))
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                unanswered = isinstance(err, KafkaError) and err.code() in _UNANSWERED
+                if not unanswered or left <= _SLICE_S:
+                    raise
+                client.poll(0)  # serves error_cb
+                if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
+                    raise self._gone() from None
+            else:
+                self.up()
+                return result
 
     def wait(self, producer: Producer, call: Callable[[float], Any], timeout_s: float) -> Any:
         """`call(timeout)` (init_transactions, commit_transaction, flush) in slices until
@@ -322,12 +351,14 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
     lie beyond. So the target is the high watermark, and the reader waits for such
     transactions to finish (they commit or time out).
     """
+    reach = BrokerReach()  # a cut link gives up after DOWN_S, not timeout_s
     common = {**client, "group.id": f"tailrace-checkpoint-reader-{uuid.uuid4().hex[:8]}",
-              "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+              "enable.auto.commit": False, "auto.offset.reset": "earliest",
+              "error_cb": reach.on_error}
     deadline = time.monotonic() + timeout_s
     probe = new_client(Consumer, {**common, "isolation.level": "read_uncommitted"})
     try:
-        meta = probe.list_topics(topic, timeout=timeout_s)
+        meta = reach.ask(probe, partial(probe.list_topics, topic), timeout_s)
         described = meta.topics.get(topic)
         if described is None or described.error is not None:
             if described is not None and described.error.code() not in (
@@ -336,8 +367,8 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
             return None
         starts, targets = {}, {}
         for p in described.partitions:
-            low, high = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
-                                                    cached=False)
+            low, high = reach.ask(probe, partial(
+                probe.get_watermark_offsets, TopicPartition(topic, p), cached=False), timeout_s)
             if high > 0:
                 starts[p], targets[p] = low, high
     finally:
@@ -354,7 +385,8 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         ends, tail = targets, CHECKPOINT_TAIL
         while True:
             froms = {p: max(starts[p], targets[p] - tail) for p in targets}
-            found, value = _last_value(reader, topic, key, froms, ends, deadline, timeout_s)
+            found, value = _last_value(reader, reach, topic, key, froms, ends, deadline,
+                                       timeout_s)
             if found or froms == starts:
                 return parse_position(value)
             ends, tail = froms, tail * 2
@@ -362,8 +394,8 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         reader.close()
 
 
-def _last_value(reader: Consumer, topic: str, key: bytes, froms: dict[int, int],
-                ends: dict[int, int], deadline: float, timeout_s: float
+def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
+                froms: dict[int, int], ends: dict[int, int], deadline: float, timeout_s: float
                 ) -> tuple[bool, bytes | None]:
     """Whether a committed record of `key` lies between `froms` and `ends`, and the value
     of the last one (None: a tombstone)."""
@@ -383,6 +415,7 @@ def _last_value(reader: Consumer, topic: str, key: bytes, froms: dict[int, int],
         behind = [tp for tp in positions if tp.offset < ends[tp.partition]]
         if not behind:
             return found, value
+        reach.check(reader)  # (consume served its error_cb)
         if time.monotonic() >= deadline:
             tp = behind[0]
             raise KafkaException(KafkaError(
