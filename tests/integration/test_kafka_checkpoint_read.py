@@ -106,7 +106,7 @@ def test_a_checkpoint_read_through_a_cut_link_gives_up_once_no_broker_answers(
     (30 s) while connections are refused, so a cut found there kept its batch, and `/ready`,
     from naming the sink for over 30 s (a CI run's network-cut test saw `ready 200` for
     all of its 30 s cut)."""
-    broker, proxy = proxied_broker
+    _, proxy = proxied_broker
     topic = f"ckpt-{uuid.uuid4().hex[:8]}"
     client = {"bootstrap.servers": f"127.0.0.1:{proxy.port}"}
     plain = Producer(client)

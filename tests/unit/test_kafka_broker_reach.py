@@ -68,14 +68,15 @@ def test_messages_going_out_show_the_brokers_answer() -> None:
     assert reach.down_since is None
 
 
-class Slow:
-    """A metadata request that times out `misses` times before it is answered."""
+class Unanswered:
+    """A metadata request that times out `misses` times before it is answered; its `poll`
+    serves an all-brokers-down report when given a `reach`."""
 
     def __init__(self, misses: int, reach: BrokerReach | None = None) -> None:
         self.misses, self.reach, self.asked = misses, reach, 0
 
     def poll(self, timeout: float) -> None:
-        if self.reach is not None:  # librdkafka's report, served by poll
+        if self.reach is not None:
             self.reach.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
 
     def list_topics(self, timeout: float) -> str:
@@ -85,19 +86,37 @@ class Slow:
         return "metadata"
 
 
+def in_30_s() -> float:
+    return time.monotonic() + 30.0
+
+
 def test_a_read_asked_again_is_answered_when_no_broker_was_reported_down() -> None:
-    """A slow link: slices time out, but librdkafka never says every broker is down."""
-    reach, client = BrokerReach(), Slow(misses=3)
-    assert reach.ask(client, client.list_topics, 5.0) == "metadata"  # type: ignore[arg-type]
+    reach, client = BrokerReach(), Unanswered(misses=3)
+    assert reach.read_in_slices(client, client.list_topics, in_30_s()) == "metadata"  # type: ignore[arg-type]
     assert client.asked == 4
+
+
+def test_a_slow_answer_gets_longer_tries_until_one_waits_long_enough() -> None:
+    """A slow link that is up: an answer comes 0.5 s after its request, later than a slice;
+    each new try asks again from the start, so the tries grow until one waits long enough."""
+    reach, waited = BrokerReach(), []
+
+    def slow_metadata(timeout: float) -> str:
+        waited.append(timeout)
+        if timeout < 0.5:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata"))
+        return "metadata"
+
+    assert reach.read_in_slices(Unanswered(0), slow_metadata, in_30_s()) == "metadata"  # type: ignore[arg-type]
+    assert waited == sorted(waited) and waited[-1] >= 0.5 and len(waited) < 10, waited
 
 
 def test_a_read_gives_up_once_every_broker_has_been_down_for_down_s() -> None:
     reach = BrokerReach()
-    client = Slow(misses=10**6, reach=reach)
+    client = Unanswered(misses=10**6, reach=reach)
     down_long_ago(reach)
     with pytest.raises(KafkaException, match="no broker reachable for"):
-        reach.ask(client, client.list_topics, 30.0)  # type: ignore[arg-type]
+        reach.read_in_slices(client, client.list_topics, in_30_s())  # type: ignore[arg-type]
     assert client.asked == 1
 
 
@@ -108,4 +127,4 @@ def test_other_errors_of_a_read_are_raised_at_once() -> None:
         raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
 
     with pytest.raises(KafkaException, match="denied"):
-        reach.ask(Slow(0), refused, 30.0)  # type: ignore[arg-type]
+        reach.read_in_slices(Unanswered(0), refused, in_30_s())  # type: ignore[arg-type]

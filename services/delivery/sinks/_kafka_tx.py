@@ -112,24 +112,31 @@ class BrokerReach:
         return KafkaException(KafkaError(
             KafkaError._ALL_BROKERS_DOWN, f"no broker reachable for {since:.0f} s ({self.error})"))
 
-    def ask(self, client: Producer | Consumer, call: Callable[..., T], timeout_s: float) -> T:
-        """A read of the brokers' metadata or offsets, `call(timeout=)`, asked again in slices
-        until `timeout_s`: a request no broker answered (refused connections: librdkafka
-        waits out the whole timeout) gives up once every broker has been down for DOWN_S.
+    def read_in_slices(self, client: Producer | Consumer, call: Callable[..., T],
+                       deadline: float) -> T:
+        """A read of the brokers' metadata or offsets, `call(timeout=)`, asked again until
+        `deadline`: a request no broker answered (refused connections: librdkafka waits out
+        the whole timeout) gives up once every broker has been down for DOWN_S. While none
+        is reported down, each try waits twice as long as the one before (a slow link's
+        answer may take longer than a slice, and a new try asks again from the start).
         `client`'s `poll` must not consume (a producer, or a consumer with nothing assigned)."""
-        deadline = time.monotonic() + timeout_s
+        slice_s = _SLICE_S
         while True:
             left = deadline - time.monotonic()
             try:
-                result = call(timeout=max(min(_SLICE_S, left), 0.1))
+                result = call(timeout=max(min(slice_s, left), 0.1))
             except KafkaException as e:
                 err = e.args[0] if e.args else None
                 unanswered = isinstance(err, KafkaError) and err.code() in _UNANSWERED
-                if not unanswered or left <= _SLICE_S:
+                if not unanswered or left <= slice_s:
                     raise
                 client.poll(0)  # serves error_cb
-                if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
+                if self.down_since is None:
+                    slice_s *= 2
+                elif time.monotonic() - self.down_since >= DOWN_S:
                     raise self._gone() from None
+                else:
+                    slice_s = _SLICE_S
             else:
                 self.up()
                 return result
@@ -358,7 +365,7 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
     deadline = time.monotonic() + timeout_s
     probe = new_client(Consumer, {**common, "isolation.level": "read_uncommitted"})
     try:
-        meta = reach.ask(probe, partial(probe.list_topics, topic), timeout_s)
+        meta = reach.read_in_slices(probe, partial(probe.list_topics, topic), deadline)
         described = meta.topics.get(topic)
         if described is None or described.error is not None:
             if described is not None and described.error.code() not in (
@@ -367,8 +374,8 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
             return None
         starts, targets = {}, {}
         for p in described.partitions:
-            low, high = reach.ask(probe, partial(
-                probe.get_watermark_offsets, TopicPartition(topic, p), cached=False), timeout_s)
+            low, high = reach.read_in_slices(probe, partial(
+                probe.get_watermark_offsets, TopicPartition(topic, p), cached=False), deadline)
             if high > 0:
                 starts[p], targets[p] = low, high
     finally:
@@ -408,7 +415,10 @@ def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
     # (Moved on meanwhile, the fetch resets to the earliest offset.)
     reader.assign([TopicPartition(topic, p, froms[p]) for p in parts])
     while True:
-        for msg in reader.consume(1000, 0.01):
+        msgs = reader.consume(1000, 0.01)
+        if msgs:
+            reach.up()  # a stale all-brokers-down report must not end a read that moves
+        for msg in msgs:
             if msg.error() is None and msg.key() == key:
                 found, value = True, msg.value()  # the latest wins
         positions = reader.position([TopicPartition(topic, p) for p in parts])
