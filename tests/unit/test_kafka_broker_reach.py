@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from tailrace_services.delivery.sinks import _kafka_tx
 from tailrace_services.delivery.sinks._kafka_tx import DOWN_S, BrokerReach
@@ -128,3 +128,56 @@ def test_other_errors_of_a_read_are_raised_at_once() -> None:
 
     with pytest.raises(KafkaException, match="denied"):
         reach.read_in_slices(Unanswered(0), refused, in_30_s())  # type: ignore[arg-type]
+
+
+class Reader:
+    """A checkpoint reader's consumer: `moves` batches of one record each, then none; its
+    metadata request never answered (a broker slow to answer, or gone)."""
+
+    def __init__(self, moves: int) -> None:
+        self.moves, self.offset = moves, 0
+
+    def assign(self, partitions: list[Any]) -> None:
+        pass
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        if self.offset >= self.moves:
+            return []
+        self.offset += 1
+
+        class Record:
+            def error(self) -> None:
+                return None
+
+            def key(self) -> bytes:
+                return b"p/k/0"
+
+            def value(self) -> bytes:
+                return b"stored"
+        return [Record()]
+
+    def position(self, partitions: list[Any]) -> list[Any]:
+        return [TopicPartition(tp.topic, tp.partition, self.offset) for tp in partitions]
+
+    def list_topics(self, timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+
+
+def test_a_checkpoint_read_that_moves_is_not_ended_by_a_stale_down_report() -> None:
+    """An all-brokers-down report from before (an idle connection closed) must not end a
+    read whose records keep coming, even if a metadata request would be slow."""
+    reach = BrokerReach()
+    down_long_ago(reach)
+    found = _kafka_tx._last_value(Reader(moves=3), reach, "ckpt", b"p/k/0", {0: 0}, {0: 3},  # type: ignore[arg-type]
+                                  time.monotonic() + 30, 30)
+    assert found == (True, b"stored")
+
+
+def test_a_checkpoint_read_that_does_not_move_gives_up_once_no_broker_answers() -> None:
+    reach = BrokerReach()
+    down_long_ago(reach)
+    started = time.monotonic()
+    with pytest.raises(KafkaException, match="no broker reachable for"):
+        _kafka_tx._last_value(Reader(moves=0), reach, "ckpt", b"p/k/0", {0: 0}, {0: 3},  # type: ignore[arg-type]
+                              time.monotonic() + 30, 30)
+    assert time.monotonic() - started < 5
