@@ -51,7 +51,7 @@ def write_class_archive(path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f"{path.name}.*.partial"):  # of a run that was stopped
-        if not _alive(stale.name.removeprefix(f"{path.name}.").removesuffix(".partial")):
+        if not pid_alive(stale.name.removeprefix(f"{path.name}.").removesuffix(".partial")):
             stale.unlink(missing_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     script = (
@@ -84,8 +84,9 @@ def write_class_archive(path: Path) -> None:
     partial.replace(path)
 
 
-def _alive(pid: str) -> bool:
-    """Whether the process that names a partial archive still runs (and may finish it)."""
+def pid_alive(pid: str) -> bool:
+    """Whether the process a file is named after still runs (a partial archive: and may
+    finish it)."""
     try:
         os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError):

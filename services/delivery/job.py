@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tailrace.bus_generation import offsets_done
@@ -63,7 +64,7 @@ from tailrace.logs import get_logger
 from tailrace.proto import control_pb2 as pb
 from tailrace_services.delivery import metrics
 from tailrace_services.delivery.buswatch import BusWatch
-from tailrace_services.delivery.cluster import class_archive
+from tailrace_services.delivery.cluster import class_archive, pid_alive
 from tailrace_services.delivery.committer import BatchCommitter, BatchReport
 from tailrace_services.delivery.handoff import handing
 from tailrace_services.delivery.health import PipelineHealth
@@ -134,15 +135,29 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
     return spark
 
 
+_SOCKET_DIR_PREFIX = "tailrace-uds-"
+
+
 def _socket_dir() -> str:
     """A directory of this process's own (mode 0700) for the sockets between executors and
     their Python workers: with Unix sockets Spark authenticates nothing (a worker trusts
     whoever connects), so the directory's mode keeps other local users out, as the shared
-    secret did over TCP. Removed at exit; a killed process leaves it (Spark limits its path
-    to 61 characters: a short one under the temporary directory)."""
-    path = tempfile.mkdtemp(prefix="tailrace-uds-")
+    secret did over TCP. Removed at exit; a killed process's is removed by the next start
+    on the host (its pid is in the name). Spark limits its path to 61 characters: a short
+    one under the temporary directory."""
+    _remove_killed_socket_dirs()
+    path = tempfile.mkdtemp(prefix=f"{_SOCKET_DIR_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def _remove_killed_socket_dirs() -> None:
+    """The socket directories of this user's delivery processes that are gone (killed)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_SOCKET_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_SOCKET_DIR_PREFIX).split("-")[0]
+        with contextlib.suppress(OSError):
+            if path.is_dir() and path.stat().st_uid == os.getuid() and not pid_alive(pid):
+                shutil.rmtree(path)
 
 
 def _quiet_accumulator_server(context: Any) -> None:
