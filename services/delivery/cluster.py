@@ -85,11 +85,11 @@ def write_class_archive(path: Path) -> None:
 
 
 def pid_alive(pid: str) -> bool:
-    """Whether the process a file is named after still runs (a partial archive: and may
-    finish it)."""
+    """Whether the process a file is named after still runs, and so may still use the file
+    (another user's process counts as running)."""
     try:
         os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
+    except (ValueError, OverflowError, ProcessLookupError):
         return False
     except PermissionError:
         return True

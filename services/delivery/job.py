@@ -143,8 +143,8 @@ def _socket_dir() -> str:
     their Python workers: with Unix sockets Spark authenticates nothing (a worker trusts
     whoever connects), so the directory's mode keeps other local users out, as the shared
     secret did over TCP. Removed at exit; a killed process's is removed by the next start
-    on the host (its pid is in the name). Spark limits its path to 61 characters: a short
-    one under the temporary directory."""
+    by the same user with the same temporary directory (its pid is in the name). Spark
+    limits its path to 61 characters: a short one under the temporary directory."""
     _remove_killed_socket_dirs()
     path = tempfile.mkdtemp(prefix=f"{_SOCKET_DIR_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
@@ -155,6 +155,8 @@ def _remove_killed_socket_dirs() -> None:
     """The socket directories of this user's delivery processes that are gone (killed)."""
     for path in Path(tempfile.gettempdir()).glob(f"{_SOCKET_DIR_PREFIX}*-*"):
         pid = path.name.removeprefix(_SOCKET_DIR_PREFIX).split("-")[0]
+        if not pid.isdecimal():
+            continue  # not one of ours
         with contextlib.suppress(OSError):
             if path.is_dir() and path.stat().st_uid == os.getuid() and not pid_alive(pid):
                 shutil.rmtree(path)

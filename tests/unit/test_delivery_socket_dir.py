@@ -26,10 +26,16 @@ def test_a_start_removes_the_socket_dirs_of_killed_processes_only(
     running.mkdir()
     older = tmp_path / "tailrace-uds-ijkl9012"  # named before the pid was in the name
     older.mkdir()
+    not_ours = tmp_path / "tailrace-uds-not-ours"  # no pid in the name
+    not_ours.mkdir()
+    impossible = tmp_path / f"tailrace-uds-{'9' * 30}-mnop"  # no process has that pid
+    impossible.mkdir()
 
     made = Path(job._socket_dir())
 
     assert not killed.exists(), "the killed process's directory is removed"
     assert running.is_dir() and older.is_dir(), "a live process's directory stays"
+    assert not_ours.is_dir(), "a name without a pid is not ours"
+    assert not impossible.exists(), "a pid no process can have is a gone one (and no crash)"
     assert made.parent == tmp_path and made.name.startswith(f"tailrace-uds-{os.getpid()}-")
     assert made.stat().st_mode & 0o777 == 0o700

@@ -115,10 +115,11 @@ class BrokerReach:
     def read_in_slices(self, client: Producer | Consumer, call: Callable[..., T],
                        deadline: float) -> T:
         """A read of the brokers' metadata or offsets, `call(timeout=)`, asked again until
-        `deadline`: a request no broker answered (refused connections: librdkafka waits out
-        the whole timeout) gives up once every broker has been down for DOWN_S. While none
-        is reported down, each try waits twice as long as the one before (a slow link's
-        answer may take longer than a slice, and a new try asks again from the start).
+        `deadline`: a request no broker answered gives up once every broker has been down for
+        DOWN_S (refused connections: librdkafka waits out the whole timeout, and reports the
+        brokers down at once; a link that drops packets shows only after the connection
+        set-up timeout). Each try waits twice as long as the one before: a slow link's
+        answer may take longer than a slice, and a new try asks again from the start.
         `client`'s `poll` must not consume (a producer, or a consumer with nothing assigned)."""
         slice_s = _SLICE_S
         while True:
@@ -131,12 +132,9 @@ class BrokerReach:
                 if not unanswered or left <= slice_s:
                     raise
                 client.poll(0)  # serves error_cb
-                if self.down_since is None:
-                    slice_s *= 2
-                elif time.monotonic() - self.down_since >= DOWN_S:
+                if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
                     raise self._gone() from None
-                else:
-                    slice_s = _SLICE_S
+                slice_s *= 2
             else:
                 self.up()
                 return result
@@ -358,7 +356,7 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
     lie beyond. So the target is the high watermark, and the reader waits for such
     transactions to finish (they commit or time out).
     """
-    reach = BrokerReach()  # a cut link gives up after DOWN_S, not timeout_s
+    reach = BrokerReach()  # refused connections give up after DOWN_S, not timeout_s
     common = {**client, "group.id": f"tailrace-checkpoint-reader-{uuid.uuid4().hex[:8]}",
               "enable.auto.commit": False, "auto.offset.reset": "earliest",
               "error_cb": reach.on_error}
@@ -401,6 +399,11 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         reader.close()
 
 
+def _answered(error: KafkaError | None) -> bool:
+    """A record, or a partition's end: the broker answered the fetch."""
+    return error is None or error.code() == KafkaError._PARTITION_EOF
+
+
 def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
                 froms: dict[int, int], ends: dict[int, int], deadline: float, timeout_s: float
                 ) -> tuple[bool, bytes | None]:
@@ -416,7 +419,7 @@ def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
     reader.assign([TopicPartition(topic, p, froms[p]) for p in parts])
     while True:
         msgs = reader.consume(1000, 0.01)
-        if msgs:
+        if any(_answered(m.error()) for m in msgs):
             reach.up()  # a stale all-brokers-down report must not end a read that moves
         for msg in msgs:
             if msg.error() is None and msg.key() == key:
