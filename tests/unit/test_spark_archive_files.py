@@ -6,8 +6,8 @@ from __future__ import annotations
 def test_only_partial_archives_of_dead_writers_are_removed() -> None:
     import os
 
-    from tailrace_services.delivery.cluster import _alive
+    from tailrace_services.delivery.cluster import pid_alive
 
-    assert _alive(str(os.getpid()))
-    assert not _alive("999999999")
-    assert not _alive("not-a-pid")
+    assert pid_alive(str(os.getpid()))
+    assert not pid_alive("999999999")
+    assert not pid_alive("not-a-pid")
