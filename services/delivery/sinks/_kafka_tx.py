@@ -99,13 +99,17 @@ class BrokerReach:
         """Raise once every broker has been down for DOWN_S and still does not answer:
         librdkafka says when brokers go down (also an idle connection the broker closed),
         never when they are back, so a metadata request asks them first."""
-        if self.down_since is None or time.monotonic() - self.down_since < DOWN_S:
+        if not self._down_long():
             return
         try:
             client.list_topics(timeout=1.0)
         except KafkaException:
             raise self._gone() from None
         self.up()
+
+    def _down_long(self) -> bool:
+        """Every broker reported down, and for DOWN_S at least."""
+        return self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S
 
     def _gone(self) -> KafkaException:
         since = time.monotonic() - (self.down_since or time.monotonic())
@@ -132,7 +136,7 @@ class BrokerReach:
                 if not unanswered or left <= slice_s:
                     raise
                 client.poll(0)  # serves error_cb
-                if self.down_since is not None and time.monotonic() - self.down_since >= DOWN_S:
+                if self._down_long():
                     raise self._gone() from None
                 slice_s *= 2
             else:
@@ -399,11 +403,6 @@ def read_checkpoint(client: Mapping[str, Any], topic: str, key: bytes,
         reader.close()
 
 
-def _answered(error: KafkaError | None) -> bool:
-    """A record, or a partition's end: the broker answered the fetch."""
-    return error is None or error.code() == KafkaError._PARTITION_EOF
-
-
 def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
                 froms: dict[int, int], ends: dict[int, int], deadline: float, timeout_s: float
                 ) -> tuple[bool, bytes | None]:
@@ -418,11 +417,11 @@ def _last_value(reader: Consumer, reach: BrokerReach, topic: str, key: bytes,
     # (Moved on meanwhile, the fetch resets to the earliest offset.)
     reader.assign([TopicPartition(topic, p, froms[p]) for p in parts])
     while True:
-        msgs = reader.consume(1000, 0.01)
-        if any(_answered(m.error()) for m in msgs):
-            reach.up()  # a stale all-brokers-down report must not end a read that moves
-        for msg in msgs:
-            if msg.error() is None and msg.key() == key:
+        for msg in reader.consume(1000, 0.01):
+            error = msg.error()
+            if error is None or error.code() == KafkaError._PARTITION_EOF:
+                reach.up()  # the broker answered: a stale down report must not end the read
+            if error is None and msg.key() == key:
                 found, value = True, msg.value()  # the latest wins
         positions = reader.position([TopicPartition(topic, p) for p in parts])
         behind = [tp for tp in positions if tp.offset < ends[tp.partition]]
