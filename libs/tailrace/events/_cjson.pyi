@@ -6,3 +6,6 @@ def key_json(event: bytes, fallback: Callable[[bytes], str], /) -> bytes | None:
 def redis_xadds(events: list[bytes], streams: list[bytes], trim: tuple[bytes, ...],
                 value_fallback: Callable[[bytes], str], key_fallback: Callable[[bytes], str], /
                 ) -> bytes | None: ...
+def kafka_records(events: list[bytes], content_type: bytes,
+                  value_fallback: Callable[[bytes], str], key_fallback: Callable[[bytes], str], /
+                  ) -> list[tuple[bytes, bytes, list[tuple[str, bytes]], int] | None]: ...

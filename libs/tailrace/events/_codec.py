@@ -156,6 +156,21 @@ def xadd_commands(events: Sequence[ChangeEvent], streams: Sequence[str],
                              [s.encode() for s in streams], trim, _value_json, _key_value_json)
 
 
+KafkaRecord = tuple[bytes, bytes, list[tuple[str, bytes]], int]
+
+
+def kafka_records(events: Sequence[ChangeEvent], content_type: bytes
+                  ) -> list[KafkaRecord | None] | None:
+    """Each event's one Kafka message with the native envelope, made in one C call: (key,
+    value, headers, size), as the Kafka sink makes it in Python (`record_headers`,
+    `Message.size`). None for an event the sink's Python must make (an outbox message, a
+    value `_cjson` leaves to Python); None for all without `_cjson`."""
+    if cjson is None:
+        return None
+    return cjson.kafka_records([e.SerializeToString() for e in events], content_type,
+                               _value_json, _key_value_json)
+
+
 def _py_event_json(event: ChangeEvent) -> bytes:
     """`event_json` in Python: the reference of `_cjson.event_json` (tests/unit/test_cjson.py)."""
     return _dumps(event_to_json_dict(event)).encode()

@@ -180,14 +180,19 @@ def produce_all(producer: Producer, messages: Iterable[tuple[int, Message]], err
     """Produce in order; a full local queue is drained (served) for up to `timeout_s` a
     message (`messages` may be made as they are taken: their making is not counted). Each
     message comes with the index of its event, which failures are reported under."""
+    produce = producer.produce
     for index, msg in messages:
         def report(err: KafkaError | None, _: Any, index: int = index) -> None:
             if err is not None:
                 errors.setdefault(index, err)
 
         try:
-            produce_one(producer, msg.topic, msg.value, msg.key, time.monotonic() + timeout_s,
-                        headers=msg.headers, on_delivery=report)
+            try:  # the usual case without produce_one's call and clock (~1 µs a message)
+                produce(msg.topic, msg.value, msg.key, headers=msg.headers, on_delivery=report)
+            except BufferError:
+                produce_one(producer, msg.topic, msg.value, msg.key,
+                            time.monotonic() + timeout_s, headers=msg.headers,
+                            on_delivery=report)
         except KafkaException as e:
             errors.setdefault(index, e.args[0])
             raise

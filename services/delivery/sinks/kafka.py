@@ -44,6 +44,7 @@ from tailrace.config import KafkaSinkSpec
 from tailrace.envelopes import Encoder, Record
 from tailrace.errors import ConfigError, FatalError, NonRetryableError, RetryableError, TailraceError
 from tailrace.events import ChangeEvent, Op, Position
+from tailrace.events._codec import KafkaRecord, kafka_records
 from tailrace.logs import get_logger, kafka_logger, redact
 from tailrace_services.delivery.sinks._avro import AvroEncoder
 from tailrace_services.delivery.sinks._common import (
@@ -91,6 +92,7 @@ _ROW_OPS = (Op.OP_INSERT, Op.OP_UPDATE, Op.OP_DELETE, Op.OP_SNAPSHOT_READ)
 _REGISTRY_FORMATS: dict[str, type[RegistryEncoder]] = {
     "avro": AvroEncoder, "json_schema": JsonSchemaEncoder, "protobuf": ProtobufEncoder}
 MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's message.max.bytes default
+NATIVE_CHUNK = 256  # events made a C call: librdkafka sends the first while more are made
 
 
 def record_headers(event: ChangeEvent, record: Record, content_type: str
@@ -242,29 +244,56 @@ class KafkaSink(Sink):
     def encoded(self, events: Sequence[ChangeEvent], indexes: Iterable[int],
                 failures: list[tuple[int, str]]) -> Iterator[tuple[int, list[Message]]]:
         """`messages`, one event at a time as it is encoded (a transaction produces each
-        while the next is encoded): one that cannot be is left out, named in `failures`."""
+        while the next is encoded): one that cannot be is left out, named in `failures`.
+        The native envelope's are made in C, NATIVE_CHUNK events a call."""
         encoder = self._encoder()
-        content_type, template = encoder.content_type, self._spec.topic
+        if isinstance(encoder, Encoder) and encoder.envelope == "native":
+            yield from self._encoded_native(encoder, events, list(indexes), failures)
+            return
         for i in indexes:
-            event = events[i]
-            if not event.key_columns and event.op in _ROW_OPS:
-                self._warn_keyless(event)
-            try:
-                topic = destination(template, event)
-                records = encoder.records(event)
-            except (KeyError, ValueError, TypeError) as e:
-                failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
-                continue
-            msgs = [Message(topic, r.key, r.value, record_headers(event, r, content_type))
+            msgs = self._encoded_one(encoder, events[i], i, failures)
+            if msgs is not None:
+                yield i, msgs
+
+    def _encoded_native(self, encoder: Encoder, events: Sequence[ChangeEvent],
+                        indexes: list[int], failures: list[tuple[int, str]]
+                        ) -> Iterator[tuple[int, list[Message]]]:
+        content_type = encoder.content_type.encode()
+        for start in range(0, len(indexes), NATIVE_CHUNK):
+            chunk = indexes[start:start + NATIVE_CHUNK]
+            made = kafka_records([events[i] for i in chunk], content_type) or [None] * len(chunk)
+            for i, record in zip(chunk, made, strict=True):
+                msgs = self._encoded_one(encoder, events[i], i, failures, record)
+                if msgs is not None:
+                    yield i, msgs
+
+    def _encoded_one(self, encoder: Encoder | RegistryEncoder, event: ChangeEvent, i: int,
+                     failures: list[tuple[int, str]], made: KafkaRecord | None = None
+                     ) -> list[Message] | None:
+        """The messages of `events[i]`, from the C encoder's record if `made`; None, named
+        in `failures`, if it cannot be written."""
+        if not event.key_columns and event.op in _ROW_OPS:
+            self._warn_keyless(event)
+        try:
+            topic = destination(self._spec.topic, event)
+            records = encoder.records(event) if made is None else []
+        except (KeyError, ValueError, TypeError) as e:
+            failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
+            return None
+        if made is not None:
+            key, value, headers, size = made
+            msgs = [Message(topic, key, value, headers)]
+        else:
+            msgs = [Message(topic, r.key, r.value, record_headers(event, r, encoder.content_type))
                     for r in records]
             # one message is the usual case: without max()'s generator (~3 µs an event
             # here); none: DDL in a registry format
             size = msgs[0].size if len(msgs) == 1 else max((m.size for m in msgs), default=0)
-            if size > self._max_bytes:
-                failures.append((i, f"message too large: {size} bytes > message.max.bytes "
-                                    f"{self._max_bytes}"))
-                continue
-            yield i, msgs
+        if size > self._max_bytes:
+            failures.append((i, f"message too large: {size} bytes > message.max.bytes "
+                                f"{self._max_bytes}"))
+            return None
+        return msgs
 
     def refuse(self, failures: list[tuple[int, str]]) -> None:
         """The PerEventError naming `failures`, if any."""
