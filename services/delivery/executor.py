@@ -11,7 +11,7 @@ import contextlib
 import gc
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -136,14 +136,11 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                    ) -> pa.RecordBatch:
     started = time.monotonic()
     spec = pipeline.spec
-    records: list[tuple[int, bytes]] = []
-    for offsets, values in read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition,
-                                          start, end, client_config=spec.bus.client_config):
-        records.extend(zip(offsets, values, strict=True))
-    read_ms = (time.monotonic() - started) * 1000
+    read = _TimedRead(read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition, start,
+                                     end, client_config=spec.bus.client_config))
     try:
         result = deliver_slice(
-            partition, records, _sinks(pipeline, checkpoints),
+            partition, read, _sinks(pipeline, checkpoints),
             {k: (cp.position if cp is not None else None) for k, cp in checkpoints.items()},
             pipeline=pipeline.name, source_id=spec.source.id, batch=spec.batch,
             processors=_chain(pipeline), journal=spec.journal.enabled,
@@ -152,8 +149,11 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                    if cp is not None and partition in cp.sink_stored},
             ends_with_epoch=epoch_id, delivered=outbox_cleanup(pipeline))
     except Exception:
-        close_sinks(pipeline.name)  # reconnect on the retry
+        if read.done:  # a sink's failure, not the bus read's
+            close_sinks(pipeline.name)  # reconnect on the retry
         raise
+    finally:
+        read.close()
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
     return pa.RecordBatch.from_pylist([{
@@ -163,7 +163,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         "epoch_position": (result.epoch_position.SerializeToString()
                            if result.epoch_position is not None else None),
         "events": result.events,
-        "read_ms": read_ms,
+        "read_ms": read.seconds * 1000,
         "task_ms": (time.monotonic() - started) * 1000,
         "outcomes": json.dumps([{k: v for k, v in vars(o).items() if k != "dead_letters"}
                                 for o in result.outcomes]),
@@ -173,9 +173,35 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
     }], schema=RESULT_ARROW)
 
 
+class _TimedRead:
+    """The slice's records as the bus read gives them, and how long the task waited for
+    them. Decoded as they come (`runtime.decode_slice` takes them all before anything is
+    written): librdkafka fetches the next records meanwhile, where the task read them all
+    first (1.3 s, then 1.0 s of decoding, for a transaction of 200,000 rows)."""
+
+    def __init__(self, chunks: Generator[tuple[list[int], list[bytes]], None, None]) -> None:
+        self._chunks = chunks
+        self.seconds = 0.0
+        self.done = False  # every record read
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        while True:
+            began = time.monotonic()
+            chunk = next(self._chunks, None)
+            self.seconds += time.monotonic() - began
+            if chunk is None:
+                self.done = True
+                return
+            yield from zip(*chunk, strict=True)
+
+    def close(self) -> None:
+        """Close the bus reader now, also when the slice failed before its end."""
+        self._chunks.close()
+
+
 def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
                    timeout_s: float = 60.0, client_config: dict[str, str] | None = None
-                   ) -> Iterator[tuple[list[int], list[bytes]]]:
+                   ) -> Generator[tuple[list[int], list[bytes]], None, None]:
     """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
     read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
     `bus.client_config` (SASL, TLS)."""

@@ -188,7 +188,8 @@ def produce_all(producer: Producer, messages: Iterable[tuple[int, Message]], err
 
         try:
             try:  # the usual case without produce_one's call and clock (~1 µs a message)
-                produce(msg.topic, msg.value, msg.key, headers=msg.headers, on_delivery=report)
+                produce(msg.topic, msg.value, msg.key,  # its stub: a list of wider tuples
+                        headers=msg.headers, on_delivery=report)  # type: ignore[arg-type]
             except BufferError:
                 produce_one(producer, msg.topic, msg.value, msg.key,
                             time.monotonic() + timeout_s, headers=msg.headers,
