@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from tailrace.config import BatchSpec
 from tailrace.errors import NonRetryableError, RetryableError
-from tailrace.events import decode_record, position_key
-from tailrace.proto.event_pb2 import ChangeEvent, Position
+from tailrace.events import position_key
+from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Position
 from tailrace_services.delivery.batching import split_batches
 from tailrace_services.delivery.fanout import SinkOutcome, fan_out
 from tailrace_services.delivery.processors import ProcessorChain
@@ -55,17 +55,20 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with
     events: list[ChangeEvent] = []
     sizes: list[int] = []
     last_epoch = 0
+    end_offset = -1
+    parse, add_event, add_size = BusRecord.FromString, events.append, sizes.append  # (hot loop)
     for offset, value in records:
-        record = decode_record(value)
+        record = parse(value)
         kind = record.WhichOneof("record")
         last_epoch = 0
         if kind == "event":
-            events.append(record.event)
-            sizes.append(event_size(len(value)))
+            add_event(record.event)
+            add_size(event_size(len(value)))
         elif kind == "epoch" and record.epoch.epoch_id:  # 0: a bus generation's start
             result.epoch_position = record.epoch.position
             last_epoch = record.epoch.epoch_id
-        result.end_offset = offset + 1
+        end_offset = offset + 1
+    result.end_offset = end_offset
     if ends_with_epoch and result.end_offset >= 0 and last_epoch != ends_with_epoch:
         raise BusChanged(f"bus partition {partition}: offset {result.end_offset - 1} is not "
                          f"the marker of epoch {ends_with_epoch} it was planned on; the bus "
