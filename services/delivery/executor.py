@@ -149,11 +149,14 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                    if cp is not None and partition in cp.sink_stored},
             ends_with_epoch=epoch_id, delivered=outbox_cleanup(pipeline))
     except Exception:
-        if read.done:  # a sink's failure, not the bus read's
-            close_sinks(pipeline.name)  # reconnect on the retry
+        # before the read's end (the read failed, or making the sinks or processors did)
+        # nothing was written: the sinks stay open; after it, they reconnect on the retry
+        if read.done:
+            close_sinks(pipeline.name)
+        with contextlib.suppress(Exception):  # the failure is the one to report
+            read.close()
         raise
-    finally:
-        read.close()
+    read.close()
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
     return pa.RecordBatch.from_pylist([{

@@ -10,11 +10,18 @@ import random
 import pytest
 
 from tailrace.events import _codec
-from tailrace.proto.event_pb2 import ChangeEvent, OutboxHeader, OutboxMessage, Value
+from tailrace.proto.event_pb2 import (
+    ChangeEvent,
+    MysqlPosition,
+    Op,
+    OutboxHeader,
+    OutboxMessage,
+    Value,
+)
 from tailrace_services.delivery.sinks._kafka_tx import Message
 from tailrace_services.delivery.sinks.kafka import NATIVE_CHUNK, KafkaSink
 from tests.fix_sinks import sink_spec, source_events
-from tests.unit.test_cjson import VALUES
+from tests.unit.test_cjson import RAISING, VALUES
 
 Made = tuple[dict[int, list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]]],
              list[tuple[int, str]]]
@@ -37,14 +44,27 @@ def in_python(events: list[ChangeEvent], monkeypatch: pytest.MonkeyPatch,
 
 
 def mixed_events(count: int) -> list[ChangeEvent]:
-    """Source-shaped events, some with values of every kind (some Python's to write),
-    outbox messages, routes (one naming no known field), no key columns."""
+    """Source-shaped events, some with values of every kind (some Python's to write) in
+    key and other columns, other ops, MySQL positions, outbox messages, routes (one naming
+    no known field), no key columns."""
     rng = random.Random(20261130)
     events = source_events(count)
     for i, event in enumerate(events):
         pick = rng.random()
-        if pick < 0.2 and event.after.columns:
-            event.after.columns[-1].value.CopyFrom(rng.choice(VALUES))
+        if pick < 0.1 and event.after.columns:
+            spelled = [v for v in RAISING if v.WhichOneof("kind") == "time_value"]
+            event.after.columns[-1].value.CopyFrom(rng.choice(VALUES + spelled))
+        elif pick < 0.2:
+            row = event.after if event.after.columns else event.before
+            key = [c for c in row.columns if c.name in event.key_columns]
+            if key:
+                key[0].value.CopyFrom(rng.choice(VALUES))
+        elif pick < 0.22:
+            event.op = rng.choice([Op.OP_DDL, Op.OP_TRUNCATE, Op.OP_SNAPSHOT_READ, 9])
+            event.ddl = "ALTER TABLE orders ADD COLUMN x int" if event.op == Op.OP_DDL else ""
+        elif pick < 0.24:
+            event.position.mysql.CopyFrom(MysqlPosition(gtid="0-1-12", gtid_set="0-1-12",
+                                                        file="bin.000003", offset=4567))
         elif pick < 0.25:
             event.outbox.CopyFrom(OutboxMessage(key=f"agg-{i}".encode(), payload=b'{"x":1}',
                                                 headers=[OutboxHeader(name="id", value=b"7")]))
@@ -64,6 +84,7 @@ def test_native_messages_made_in_c_are_the_ones_python_makes(
     fields: dict[str, object] = {"topic": "cdc.{table}"}
     if max_bytes is not None:
         fields["client_config"] = {"message.max.bytes": str(max_bytes)}
+    assert _codec.cjson is not None, "the C extension is built (make setup)"
     fast, fast_failures = made(events, **fields)
     slow, slow_failures = in_python(events, monkeypatch, **fields)
     assert fast_failures == slow_failures
@@ -96,3 +117,24 @@ def test_the_size_made_in_c_is_what_message_size_counts() -> None:
     sized = [(r, Message("t", r[0], r[1], r[2]).size) for r in records if r is not None]
     assert len(sized) > 200
     assert all(r[3] == size for r, size in sized)
+
+
+@pytest.mark.parametrize("where", ["key", "row"])
+def test_a_value_python_refuses_raises_the_same_both_ways(
+        monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A value out of Python's range (a date past 9999): C leaves it to Python, whose error
+    is the one raised, as without C. (Every value C leaves to Python and Python spells is
+    in `mixed_events`.)"""
+    refused = [v for v in RAISING if v.WhichOneof("kind") in ("date_value", "timestamp_value")]
+    assert len(refused) == 5
+    for value in refused:
+        events = source_events(5)
+        event = events[3]
+        row = event.after if event.after.columns else event.before
+        column = next(c for c in row.columns if (c.name in event.key_columns) == (where == "key"))
+        column.value.CopyFrom(value)
+        with pytest.raises(Exception) as fast:
+            made(events)
+        with pytest.raises(Exception) as slow:
+            in_python(events, monkeypatch)
+        assert (type(fast.value), str(fast.value)) == (type(slow.value), str(slow.value))

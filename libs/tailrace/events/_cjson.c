@@ -720,7 +720,8 @@ static PyObject *kafka_record(Event *e, Buf *key, Buf *doc, PyObject *content_ty
  * For each serialized event, its one Kafka message with the native envelope, as
  * `KafkaSink.encoded` makes it in Python: (key json, event json, headers, size), size being
  * what `Message.size` counts. None for an event Python must make: an outbox message, or one
- * `event_json` or `key_json` leaves to Python (tests/unit/test_cjson.py). */
+ * `event_json` or `key_json` leaves to Python (tests/unit/test_cjson.py). The list is the
+ * caller's own (`_codec.kafka_records`): a fallback cannot change it while it is read. */
 static PyObject *py_kafka_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[0]) || !PyBytes_Check(args[1])
         || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
