@@ -153,10 +153,10 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         # nothing was written: the sinks stay open; after it, they reconnect on the retry
         if read.done:
             close_sinks(pipeline.name)
-        with contextlib.suppress(Exception):  # the failure is the one to report
-            read.close()
         raise
-    read.close()
+    finally:  # a read that ended is closed already; one that failed: its error is reported
+        with contextlib.suppress(Exception):
+            read.close()
     if any(not o.acked for o in result.outcomes):
         close_sinks(pipeline.name)
     return pa.RecordBatch.from_pylist([{

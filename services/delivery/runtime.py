@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from tailrace.config import BatchSpec
 from tailrace.errors import NonRetryableError, RetryableError
-from tailrace.events import position_key
-from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Position
+from tailrace.events import decode_record, position_key
+from tailrace.proto.event_pb2 import ChangeEvent, Position
 from tailrace_services.delivery.batching import split_batches
 from tailrace_services.delivery.fanout import SinkOutcome, fan_out
 from tailrace_services.delivery.processors import ProcessorChain
@@ -56,9 +56,9 @@ def decode_slice(partition: int, records: Iterable[tuple[int, bytes]], ends_with
     sizes: list[int] = []
     last_epoch = 0
     end_offset = -1
-    parse, add_event, add_size = BusRecord.FromString, events.append, sizes.append  # (hot loop)
+    add_event, add_size = events.append, sizes.append  # (hot loop)
     for offset, value in records:
-        record = parse(value)
+        record = decode_record(value)
         kind = record.WhichOneof("record")
         last_epoch = 0
         if kind == "event":

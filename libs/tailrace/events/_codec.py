@@ -29,9 +29,7 @@ def encode_epoch(marker: EpochMarker) -> bytes:
 
 
 def decode_record(data: bytes) -> BusRecord:
-    record = BusRecord()
-    record.ParseFromString(data)
-    return record
+    return BusRecord.FromString(data)  # one call: delivery decodes every record of a slice
 
 
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)

@@ -276,19 +276,20 @@ class KafkaSink(Sink):
             self._warn_keyless(event)
         try:
             topic = destination(self._spec.topic, event)
-            records = encoder.records(event) if made is None else []
+            if made is None:
+                records = encoder.records(event)
         except (KeyError, ValueError, TypeError) as e:
             failures.append((i, f"cannot route or encode the event: {type(e).__name__}: {e}"))
             return None
-        if made is not None:
-            key, value, headers, size = made
-            msgs = [Message(topic, key, value, headers)]
-        else:
+        if made is None:
             msgs = [Message(topic, r.key, r.value, record_headers(event, r, encoder.content_type))
                     for r in records]
             # one message is the usual case: without max()'s generator (~3 µs an event
             # here); none: DDL in a registry format
             size = msgs[0].size if len(msgs) == 1 else max((m.size for m in msgs), default=0)
+        else:
+            key, value, headers, size = made
+            msgs = [Message(topic, key, value, headers)]
         if size > self._max_bytes:
             failures.append((i, f"message too large: {size} bytes > message.max.bytes "
                                 f"{self._max_bytes}"))
