@@ -85,6 +85,13 @@ _RAISED = re.compile(r"^((?:tailrace|tailrace_services)(?:\.\w+)*)\.(\w+): (.+)$
 
 LOOPBACK = "127.0.0.1"
 
+# The driver JVM compiles with C1 only. It plans micro-batches and passes each task's
+# one-row result; no event goes through it. C2 then spent its first minute on
+# start-up code: a session start and first jobs took 20.3 s of CPU with it and 12.7 s
+# without it, and 12.2 s against 10.1 s of wall time, on 2 cores (docs/performance.md,
+# "Delivery start").
+DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+
 
 def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
                   conf: Mapping[str, str] | None = None) -> Any:
@@ -100,7 +107,7 @@ def spark_session(app: str, master: str, driver_host: str = LOOPBACK,
     archive = class_archive()  # `tailrace-spark archive`: the JVM starts ~3 s sooner
     conf = dict(conf or {})
     driver_java = " ".join(filter(None, [  # the caller's options added to ours
-        log4j, f"-XX:SharedArchiveFile={archive}" if archive else "",
+        log4j, f"-XX:SharedArchiveFile={archive}" if archive else "", DRIVER_JIT,
         conf.pop("spark.driver.extraJavaOptions", "")]))
     builder = (SparkSession.builder.appName(app).master(master)
              .config("spark.driver.extraJavaOptions", driver_java)

@@ -24,10 +24,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from sqlglot import exp
-from sqlglot.executor import execute
+from typing import TYPE_CHECKING, Any
 
 from tailrace.config import (
     FilterProcessor,
@@ -42,6 +39,9 @@ from tailrace.events import Column, Op, json_of, python_of, value_of
 from tailrace.events._codec import op_name
 from tailrace.proto.event_pb2 import ChangeEvent, OutboxHeader, OutboxMessage, Value
 from tailrace.tables import TableMatcher
+
+if TYPE_CHECKING:  # sqlglot is imported where it runs: not every pipeline has expressions
+    from sqlglot import exp
 
 Failure = tuple[ChangeEvent, str]
 
@@ -81,6 +81,8 @@ def table_matches(patterns: Sequence[str], event: ChangeEvent) -> bool:
 def _evaluate(query: exp.Select, rows: list[dict[str, Any]]) -> list[tuple[Any, ...] | None]:
     """Run `query` (see `evaluation_query`) on `rows`; per row index its selected values, or
     None for rows filtered out."""
+    from sqlglot.executor import execute
+
     columns = sorted({k for r in rows for k in r})
     table = [{**{c: None for c in columns}, **r, "__i": i} for i, r in enumerate(rows)]
     result = execute(query, tables={"t": table}, dialect="spark")

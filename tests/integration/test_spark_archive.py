@@ -1,12 +1,13 @@
 """The delivery driver's class-data archive: `make setup` writes it (`tailrace-spark archive`)
-and every Spark session delivery starts maps it (docs/performance.md: ~3-4 s less per start)."""
+and every Spark session delivery starts maps it (docs/performance.md: ~3-4 s less per start).
+The driver JVM compiles with C1 only (`job.DRIVER_JIT`), and the archive maps with that too."""
 
 from __future__ import annotations
 
 import pytest
 
 from tailrace_services.delivery.cluster import class_archive, default_archive
-from tailrace_services.delivery.job import spark_session
+from tailrace_services.delivery.job import DRIVER_JIT, spark_session
 
 pytestmark = pytest.mark.integration
 
@@ -19,6 +20,8 @@ def test_make_setup_wrote_the_archive_and_delivery_sessions_map_it() -> None:
         runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
         arguments = list(runtime.getInputArguments())
         assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments
+        assert DRIVER_JIT == "-XX:TieredStopAtLevel=1"
+        assert DRIVER_JIT in arguments, arguments
         assert "sharing" in spark.sparkContext._jvm.java.lang.System.getProperty("java.vm.info")
     finally:
         spark.stop()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, urlsplit
 
-from psycopg.conninfo import conninfo_to_dict
-
 from tailrace.errors import ConfigError
 from tailrace.logs import redact
 
@@ -45,6 +43,10 @@ _LIBPQ_CONFIG_ERRORS = re.compile(
 
 def check_postgres_dsn(dsn: str) -> None:
     """Raise ValueError (what is wrong and the fix) unless `dsn` is a usable libpq DSN."""
+    # imported here: psycopg takes ~0.2 s to import, in every process that imports the
+    # config (each of delivery's Spark Python workers), most of which never check a DSN
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         params = conninfo_to_dict(dsn)
     except Exception as e:  # psycopg.ProgrammingError: libpq could not parse it

@@ -13,11 +13,13 @@ queue with the journal on).
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ExecuteError, SqlglotError
-from sqlglot.executor import execute
+# sqlglot (~0.15 s to import) is imported by the functions that use it: every process that
+# imports the config would pay for it (each of delivery's Spark Python workers), and only
+# a spec with expressions needs it.
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 __all__ = ["compile_expression", "evaluation_query"]
 
@@ -31,6 +33,8 @@ def evaluation_query(select: list[tuple[str, exp.Expr]], where: exp.Expr | None
                      ) -> exp.Select:
     """`SELECT __i, <expression> AS <name>, ... FROM t [WHERE <where>]`: what the evaluator
     runs per table group, one output row per input row kept."""
+    from sqlglot import exp
+
     query = exp.select(INDEX, *(exp.alias_(e.copy(), name, quoted=True) for name, e in select))
     query = query.from_("t")
     return query.where(where.copy()) if where is not None else query
@@ -39,6 +43,9 @@ def evaluation_query(select: list[tuple[str, exp.Expr]], where: exp.Expr | None
 def compile_expression(text: str, *, boolean: bool) -> exp.Expr:
     """The parsed expression; ValueError saying why the evaluator cannot run it. `boolean`:
     a filter's `where` (else a computed column)."""
+    import sqlglot
+    from sqlglot.errors import SqlglotError
+
     try:
         tree = sqlglot.parse_one(text, dialect="spark")
     except SqlglotError as e:
@@ -50,6 +57,8 @@ def compile_expression(text: str, *, boolean: bool) -> exp.Expr:
 
 
 def _refuse_shapes(tree: exp.Expr, text: str) -> None:
+    from sqlglot import exp
+
     if isinstance(tree, exp.Block):
         raise ValueError(f"{text!r} holds more than one expression; write one")
     if isinstance(tree, exp.Query | exp.Command | exp.DDL | exp.DML):
@@ -72,6 +81,10 @@ def _refuse_shapes(tree: exp.Expr, text: str) -> None:
 
 def _trial(tree: exp.Expr, text: str, boolean: bool) -> None:
     """Run the expression on one row of NULLs: what fails there fails on every row."""
+    from sqlglot import exp
+    from sqlglot.errors import ExecuteError, SqlglotError
+    from sqlglot.executor import execute
+
     columns = {c.name for c in tree.find_all(exp.Column)}
     row = {**{c: None for c in columns}, **_SAMPLE, INDEX: 0}
     query = (evaluation_query([], tree) if boolean else evaluation_query([("v", tree)], None))
@@ -92,6 +105,8 @@ def _trial(tree: exp.Expr, text: str, boolean: bool) -> None:
 
 def _unsupported(tree: exp.Expr, text: str, error: str) -> str:
     """`date_format(...)`: the function the evaluator lacks, as the user wrote it."""
+    from sqlglot import exp
+
     found = _UNDEFINED.search(error)
     name = found.group(1) if found else ""
     for node in tree.walk():
