@@ -86,10 +86,11 @@ _RAISED = re.compile(r"^((?:tailrace|tailrace_services)(?:\.\w+)*)\.(\w+): (.+)$
 LOOPBACK = "127.0.0.1"
 
 # The driver JVM compiles with C1 only. It plans micro-batches and passes each task's
-# one-row result; no event goes through it. C2 then spent its first minute on
-# start-up code: a session start and first jobs took 20.3 s of CPU with it and 12.7 s
-# without it, and 12.2 s against 10.1 s of wall time, on 2 cores (docs/performance.md,
-# "Delivery start").
+# one-row result; no event goes through it, and C2's compiler threads mostly compiled
+# start-up code: a session start and first jobs took 20.3 s of CPU with C2 and 12.7 s
+# without it, 12.2 s against 10.1 s of wall time, on 2 cores (docs/performance.md,
+# "2026-12-01 night"). `tailrace-delivery --conf spark.driver.extraJavaOptions=...` comes
+# after it: `-XX:TieredStopAtLevel=4` there brings C2 back.
 DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 
 

@@ -42,8 +42,6 @@ def outbox_cleanup(pipeline: PipelineSpec) -> Callable[[Sequence[ChangeEvent]], 
 
 
 def _delete(dsn: str, processors: list[OutboxProcessor], events: Sequence[ChangeEvent]) -> None:
-    import psycopg  # here: ~0.2 s to import, in each worker of a pipeline that deletes only
-
     rows: dict[tuple[str, str, str, str], list[Any]] = {}  # (schema, table, id, type): ids
     for event in events:
         if not event.HasField("outbox"):
@@ -56,6 +54,8 @@ def _delete(dsn: str, processors: list[OutboxProcessor], events: Sequence[Change
             json_of(column.value))
     if not rows:
         return
+    import psycopg  # here, not at the top: ~0.2 s to import, and most workers never delete
+
     try:
         conn = _connection(dsn)
         with conn.transaction():
