@@ -10,36 +10,40 @@ interval, job.py: a slice is cut here once it was read.)
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import groupby
+from operator import itemgetter
 
 from tailrace.config import BatchSpec
+from tailrace.events import PositionKey
 from tailrace.proto.event_pb2 import ChangeEvent
 
 
-def _transactions(events: Sequence[ChangeEvent], sizes: Sequence[int]
+def _transactions(events: Sequence[ChangeEvent], sizes: Sequence[int],
+                  keys: Sequence[PositionKey] | None = None
                   ) -> Iterator[tuple[list[ChangeEvent], int]]:
-    """Consecutive events of the same source transaction (same tx_seq), with their bytes."""
-    current: list[ChangeEvent] = []
-    current_bytes = 0
-    seq = None
-    for event, size in zip(events, sizes, strict=True):
-        tx_seq = event.position.tx_seq
-        if current and tx_seq != seq:
-            yield current, current_bytes
-            current, current_bytes = [], 0
-        seq = tx_seq
-        current.append(event)
-        current_bytes += size
-    if current:
-        yield current, current_bytes
+    """Consecutive events of the same source transaction (same tx_seq), with their bytes;
+    `keys`: the events' position keys, when known. (Runs counted in C: a bulk's one
+    transaction is not gathered an event at a time.)"""
+    tx_seqs = map(itemgetter(0), keys) if keys is not None \
+        else (e.position.tx_seq for e in events)
+    start = 0
+    for _, run in groupby(tx_seqs):
+        end = start + len(list(run))
+        yield list(events[start:end]), sum(sizes[start:end])
+        start = end
+    if start != len(events) or len(sizes) != len(events):
+        raise ValueError(f"{len(events)} events with {len(sizes)} sizes and {start} keys")
 
 
 def split_batches(events: Sequence[ChangeEvent], spec: BatchSpec,
-                  sizes: Sequence[int] | None = None) -> Iterator[list[ChangeEvent]]:
-    """Whole-transaction (or size-only) batches, in source order. `sizes`: each event's
-    serialized size, when known (`runtime.decode_slice`)."""
+                  sizes: Sequence[int] | None = None,
+                  keys: Sequence[PositionKey] | None = None) -> Iterator[list[ChangeEvent]]:
+    """Whole-transaction (or size-only) batches, in source order: consecutive runs of
+    `events`. `sizes`: each event's serialized size, when known (`runtime.decode_slice`);
+    `keys`: their position keys, when known."""
     if sizes is None:
         sizes = [e.ByteSize() for e in events]
-    units = _transactions(events, sizes) if spec.respect_source_tx \
+    units = _transactions(events, sizes, keys) if spec.respect_source_tx \
         else (([e], size) for e, size in zip(events, sizes, strict=True))
     batch: list[ChangeEvent] = []
     batch_bytes = 0

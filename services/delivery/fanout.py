@@ -21,10 +21,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import islice
+from operator import lt
 from typing import TypeVar
 
 from tailrace.errors import ConfigError, FatalError, RetryableError
-from tailrace.events import position_key
+from tailrace.events import PositionKey, position_key
 from tailrace.logs import get_logger
 from tailrace.proto.event_pb2 import ChangeEvent, Position
 from tailrace.retry import call_with_retry
@@ -58,11 +60,18 @@ class SinkOutcome:
     dead_letters: list[tuple[ChangeEvent, str]] = field(default_factory=list)
 
 
-def _pending(batch: Sequence[ChangeEvent], hwm: tuple[int, int]) -> list[ChangeEvent]:
-    """Events past the high-water mark `hwm`, in bus order, each position once."""
+def _pending(batch: Sequence[ChangeEvent], hwm: PositionKey,
+             keys: Sequence[PositionKey] | None = None) -> list[ChangeEvent]:
+    """Events past the high-water mark `hwm`, in bus order, each position once; `keys`:
+    theirs, when known. The usual batch, ascending past `hwm`, is taken whole."""
+    if keys is None:
+        keys = [position_key(e.position) for e in batch]
+    elif len(keys) != len(batch):
+        raise ValueError(f"{len(keys)} position keys for a batch of {len(batch)}")
+    if keys and keys[0] > hwm and all(map(lt, keys, islice(keys, 1, None))):
+        return list(batch)
     out = []
-    for event in batch:
-        key = position_key(event.position)
+    for event, key in zip(batch, keys, strict=True):
         if key > hwm:
             out.append(event)
             hwm = key
@@ -73,11 +82,13 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
                     commit_for: Callable[[Sink, Position], BatchCommit],
                     dead_letter: bool, sleep: Callable[[float], None] | None = None,
                     partition: int = 0, rewind: int = 0,
-                    acked: Position | None = None) -> SinkOutcome:
+                    acked: Position | None = None,
+                    keys: Sequence[Sequence[PositionKey]] | None = None) -> SinkOutcome:
     """All batches to one sink, in order; never raises except FatalError and ConfigError.
     `rewind`: the rewind generation of the sink's control checkpoint (which stored checkpoint
     to read); `acked`: where the control checkpoint says the sink's stored checkpoint is, at
-    least, in this partition (exactly-once sinks)."""
+    least, in this partition (exactly-once sinks); `keys`: each batch's position keys, when
+    known."""
     outcome = SinkOutcome(sink.id, sink.required)
     hwm = position_key(after) if after is not None else (-1, -1)
     started = time.monotonic()
@@ -97,7 +108,7 @@ def deliver_to_sink(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], after:
         hwm = position_key(stored)
     try:
         return _deliver_batches(sink, batches, hwm, floor, commit_for, dead_letter, sleep,
-                                outcome)
+                                outcome, keys)
     finally:
         outcome.write_s = time.monotonic() - started
 
@@ -160,15 +171,16 @@ def _give_up(sink: Sink, outcome: SinkOutcome, error: Exception) -> SinkOutcome:
 def _deliver_batches(sink: Sink, batches: Sequence[Sequence[ChangeEvent]], hwm: tuple[int, int],
                      floor: Position | None, commit_for: Callable[[Sink, Position], BatchCommit],
                      dead_letter: bool, sleep: Callable[[float], None] | None,
-                     outcome: SinkOutcome) -> SinkOutcome:
+                     outcome: SinkOutcome, keys: Sequence[Sequence[PositionKey]] | None = None
+                     ) -> SinkOutcome:
     """`floor`: an exactly-once sink's stored checkpoint, as read when the slice started,
     then moved by each batch it wrote (None: it stores none, or not yet)."""
-    for batch in batches:
-        todo = _pending(batch, hwm)
+    for n, batch in enumerate(batches):
+        todo = _pending(batch, hwm, keys[n] if keys is not None else None)
         outcome.skipped += len(batch) - len(todo)
         if not todo:
             continue
-        commit = replace(commit_for(sink, todo[-1].position), floor=floor)
+        commit = replace(commit_for(sink, todo[-1].position), floor=floor, ascending=True)
         try:
             written = _retry(sink, partial(_write, sink, todo, commit, dead_letter, outcome),
                              sleep)
@@ -209,17 +221,19 @@ def fan_out(sinks: Sequence[Sink], batches: Sequence[Sequence[ChangeEvent]],
             checkpoints: dict[str, Position | None],
             commit_for: Callable[[Sink, Position], BatchCommit], dead_letter: bool,
             partition: int = 0, rewinds: dict[str, int] | None = None,
-            acked: dict[str, Position] | None = None) -> list[SinkOutcome]:
+            acked: dict[str, Position] | None = None,
+            keys: Sequence[Sequence[PositionKey]] | None = None) -> list[SinkOutcome]:
     """Every sink concurrently; returns outcomes in sink order; re-raises a FatalError or a
     ConfigError.
     `rewinds`: each sink's rewind generation (default 0); `acked`: what each exactly-once
-    sink acknowledged storing in this partition (`deliver_to_sink`)."""
+    sink acknowledged storing in this partition (`deliver_to_sink`); `keys`: each batch's
+    position keys, when known."""
     rewinds, acked = rewinds or {}, acked or {}
 
     def one(sink: Sink) -> SinkOutcome:
         return deliver_to_sink(sink, batches, checkpoints.get(sink.id), commit_for, dead_letter,
                                partition=partition, rewind=rewinds.get(sink.id, 0),
-                               acked=acked.get(sink.id))
+                               acked=acked.get(sink.id), keys=keys)
 
     if len(sinks) == 1:
         return [one(sinks[0])]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tailrace.config import BatchSpec
-from tailrace.events import ChangeEvent, Position
+from tailrace.events import ChangeEvent, Position, position_key
 from tailrace.proto.event_pb2 import BusRecord
 from tailrace_services.delivery.batching import split_batches
 from tailrace_services.delivery.runtime import event_size
@@ -61,3 +63,16 @@ def test_batches_cut_by_the_sizes_given():
     assert [seqs(b) for b in batches] == [[1], [2]]
     assert len(list(split_batches(events, BatchSpec(max_events=1000, max_bytes=100),
                                   sizes=[1] * 8))) == 1
+
+
+def test_batches_cut_from_known_position_keys_are_the_same() -> None:
+    """`keys` (the runtime reads each event's position once) only spares reading them."""
+    events = tx(1, 3) + tx(2, 1) + tx(3, 40) + tx(4, 2) + tx(5, 5)
+    keys = [position_key(e.position) for e in events]
+    sizes = [e.ByteSize() for e in events]
+    for spec in (BatchSpec(max_events=6), BatchSpec(max_events=6, respect_source_tx=False),
+                 BatchSpec(max_bytes=200)):
+        assert list(split_batches(events, spec, sizes, keys)) == \
+            list(split_batches(events, spec, sizes))
+    with pytest.raises(ValueError, match="51 events with 50 sizes"):
+        list(split_batches(events, BatchSpec(), sizes[:-1], keys))

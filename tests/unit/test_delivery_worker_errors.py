@@ -263,8 +263,8 @@ def test_a_kept_writer_reads_its_checkpoint_back_when_the_topic_lost_its_last_re
 
 
 def test_a_tasks_read_is_decoded_as_it_comes_and_closed_even_when_decoding_fails() -> None:
-    """`_TimedRead`: the records in order, `done` only once the read ended, and the reader
-    closed (its `with` left) when what takes the records stops early."""
+    """`_TimedRead`: the read's chunks in order, `done` only once the read ended, and the
+    reader closed (its `with` left) when what takes the chunks stops early."""
     closed: list[bool] = []
 
     def chunks() -> Iterator[tuple[list[int], list[bytes]]]:
@@ -275,14 +275,13 @@ def test_a_tasks_read_is_decoded_as_it_comes_and_closed_even_when_decoding_fails
             closed.append(True)
 
     read = executor._TimedRead(chunks())
-    assert list(read) == [(0, b"a"), (1, b"b"), (2, b"c")]
+    assert list(read) == [([0, 1], [b"a", b"b"]), ([2], [b"c"])]
     assert read.done and read.seconds >= 0 and closed == [True]
 
     closed.clear()
     read = executor._TimedRead(chunks())
-    for offset, _ in read:
-        if offset == 1:
-            break  # as decode_slice does when a record does not decode
+    for _ in read:
+        break  # as decode_slice does when a chunk does not decode
     assert not read.done and closed == []
     read.close()
     assert closed == [True]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
 
 from tailrace.errors import FatalError, NonRetryableError, RetryableError
-from tailrace.events import ChangeEvent, Position
+from tailrace.events import ChangeEvent, Position, position_key
 from tailrace.retry import backoff_delays, call_with_retry
-from tailrace_services.delivery.fanout import fan_out
+from tailrace_services.delivery.fanout import _pending, fan_out
+from tailrace_services.delivery.sinks._common import fresh_indexes
 from tailrace_services.delivery.sinks.base import BatchCommit, PerEventError, RetryPolicy, Sink
 from tailrace_services.delivery.sinks.exactly_once import AtomicWrite, ExactlyOnceSink
 
@@ -244,3 +246,30 @@ def test_a_sink_that_loses_a_batch_it_acknowledged_within_the_slice_stops_the_pi
                                          r"nothing .* storing tx 1\.1.*--reset --confirm k"):
         fan_out([sink], batches(), {"k": None}, commit_for, dead_letter=False)
     assert sink.rows == [], "nothing written past the gap"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pending_events_are_the_same_from_known_keys_and_ascending_batches_whole(
+        seed: int) -> None:
+    """`_pending` takes an ascending batch past the mark whole, and otherwise goes event by
+    event (a capture that published a transaction twice); `fresh_indexes` bisects what
+    ascends. Each gives what the plain loop gives."""
+    rng = random.Random(seed)
+    batch = [ChangeEvent(position=Position(tx_seq=rng.randint(1, 6), event_index=rng.randint(0, 3)))
+             for _ in range(rng.randint(0, 12))]
+    if seed % 2:
+        batch.sort(key=lambda e: position_key(e.position))  # ascending, maybe with copies
+    keys = [position_key(e.position) for e in batch]
+    for hwm in [(-1, -1), (0, 0), (3, 1), (6, 3), *keys[:3]]:
+        expected, mark = [], hwm
+        for event, key in zip(batch, keys, strict=True):
+            if key > mark:
+                expected.append(event)
+                mark = key
+        assert _pending(batch, hwm, keys) == expected
+        assert _pending(batch, hwm) == expected
+        for mark in [hwm, *(position_key(e.position) for e in expected)]:  # stored: any
+            stored = Position(tx_seq=mark[0], event_index=mark[1]) if mark[0] >= 0 else None
+            assert fresh_indexes(expected, stored, ascending=True) == \
+                fresh_indexes(expected, stored)
+    assert fresh_indexes(batch, None, ascending=False) == list(range(len(batch)))

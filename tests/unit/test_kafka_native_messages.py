@@ -31,8 +31,9 @@ def made(events: list[ChangeEvent], **fields: object) -> Made:
     """What `encoded` makes of every event, and the failures it names; nothing is sent."""
     sink = KafkaSink(sink_spec(id="k", type="kafka", brokers="127.0.0.1:1", **fields))
     failures: list[tuple[int, str]] = []
-    out = {i: [(m.topic, m.key, m.value, m.headers) for m in msgs]
-           for i, msgs in sink.encoded(events, range(len(events)), failures)}
+    out: dict[int, list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]]] = {}
+    for i, m in sink.encoded(events, range(len(events)), failures):
+        out.setdefault(i, []).append((m.topic, m.key, m.value, m.headers))
     return out, failures
 
 
@@ -94,6 +95,20 @@ def test_native_messages_made_in_c_are_the_ones_python_makes(
     assert ("message too large" in reasons) == (max_bytes is not None)
     assert any(events[i].HasField("outbox") for i in fast)  # Python's, in the same stream
     assert len(fast) > len(events) // 2
+
+
+def test_keyless_rows_are_warned_about_the_same_both_ways(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C path looks at the event's key columns only for a key without values (its
+    bytes first): every row of a table without key columns is still found, and no other."""
+    events = mixed_events(3 * NATIVE_CHUNK)
+    warned: list[str] = []
+    monkeypatch.setattr(KafkaSink, "_warn_keyless", lambda _, event: warned.append(event.id))
+    made(events)
+    fast, warned[:] = list(warned), []
+    in_python(events, monkeypatch)
+    assert fast == warned
+    assert len(fast) > 10
 
 
 def test_only_the_native_envelope_is_made_in_c(monkeypatch: pytest.MonkeyPatch) -> None:

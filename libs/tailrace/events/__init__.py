@@ -1,8 +1,10 @@
 """The change event: typed values, deterministic ids, the bus codec and JSON envelopes."""
 
 from tailrace.events._codec import (
+    EPOCH_RECORD_HEAD,
     bus_key,
     decode_record,
+    decode_records,
     encode_epoch,
     encode_event,
     event_json,
@@ -13,7 +15,7 @@ from tailrace.events._codec import (
     rows_bus_key,
 )
 from tailrace.events._ids import EventIds, event_id, event_ids, idempotency_key
-from tailrace.events._positions import lsn_text, native_position, position_key
+from tailrace.events._positions import PositionKey, lsn_text, native_position, position_key
 from tailrace.events._values import UNCHANGED_TOAST, json_of, python_of, value_of
 from tailrace.proto.event_pb2 import (
     BusRecord,
@@ -28,6 +30,7 @@ from tailrace.proto.event_pb2 import (
 )
 
 __all__ = [
+    "EPOCH_RECORD_HEAD",
     "EventIds",
     "UNCHANGED_TOAST",
     "BusRecord",
@@ -41,6 +44,7 @@ __all__ = [
     "Value",
     "bus_key",
     "decode_record",
+    "decode_records",
     "encode_epoch",
     "encode_event",
     "event_id",
@@ -54,6 +58,7 @@ __all__ = [
     "key_values",
     "lsn_text",
     "native_position",
+    "PositionKey",
     "position_key",
     "python_of",
     "rows_bus_key",

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from tailrace.events._values import json_of
 from tailrace.events._wire import cwire, length_prefixed
-from tailrace.proto.event_pb2 import BusRecord, ChangeEvent, Column, EpochMarker, Op, Row, Value
+from tailrace.proto.event_pb2 import (
+    BusRecord,
+    BusRecords,
+    ChangeEvent,
+    Column,
+    EpochMarker,
+    Op,
+    Row,
+    Value,
+)
 
 try:  # the sinks' JSON in C (setup.py builds `_cjson`); the Python here is the reference
     from tailrace.events import _cjson as cjson
@@ -29,7 +39,32 @@ def encode_epoch(marker: EpochMarker) -> bytes:
 
 
 def decode_record(data: bytes) -> BusRecord:
-    return BusRecord.FromString(data)  # one call: delivery decodes every record of a slice
+    return BusRecord.FromString(data)
+
+
+# A record's first byte, as `decode_records` checks it: field 1 or 2, length-delimited.
+EVENT_RECORD_HEAD, EPOCH_RECORD_HEAD = 0x0A, 0x12
+
+
+def decode_records(values: Sequence[bytes]) -> BusRecords | None:
+    """Records read together, parsed in one call: their events and their epoch markers,
+    each in bus order. Records one after the other are a `BusRecords` message, its events
+    in one arena: ~1 µs and ~1 KB an event, against ~2.6 µs and ~2.7 KB parsed one by one.
+
+    None when a record is not one event or one marker (none that capture writes): each must
+    begin with one of the two fields, and as many of each must come out as began. (A
+    record's own length prefix is trusted, as capture wrote it and the bus checksummed it:
+    one that ran into the next record would have to end on a field's boundary, and leave
+    the counts as they were, to pass.) The caller parses those records one by one."""
+    try:
+        heads = bytes(map(itemgetter(0), values))  # (in C: this runs a record at a time)
+    except IndexError:  # an empty record
+        return None
+    events, epochs = heads.count(EVENT_RECORD_HEAD), heads.count(EPOCH_RECORD_HEAD)
+    if events + epochs != len(values):
+        return None
+    records = BusRecords.FromString(b"".join(values))
+    return records if (len(records.event), len(records.epoch)) == (events, epochs) else None
 
 
 _KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)

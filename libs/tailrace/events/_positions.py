@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from tailrace.proto.event_pb2 import Position
 
+PositionKey = tuple[int, int]
+"""(tx_seq, event_index): positions compare as these do."""
 
-def position_key(position: Position) -> tuple[int, int]:
+
+def position_key(position: Position) -> PositionKey:
     return (position.tx_seq, position.event_index)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 
 from tailrace.events import ChangeEvent, Position, position_key
 from tailrace_services.delivery.sinks.base import BatchCommit
-from tailrace_services.delivery.sinks.templates import render
-
-NO_POSITION = (-1, -1)
+from tailrace_services.delivery.sinks.templates import compiled, render
 
 
 def destination(template: str, event: ChangeEvent) -> str:
@@ -16,10 +15,32 @@ def destination(template: str, event: ChangeEvent) -> str:
     return render(getattr(event, "route", "") or template, event)
 
 
-def fresh_indexes(events: Sequence[ChangeEvent], stored: Position | None) -> list[int]:
-    """Indexes of the events past the stored checkpoint: what a replayed batch still has to write."""
-    mark = position_key(stored) if stored is not None else NO_POSITION
+def routing(template: str) -> Callable[[ChangeEvent], str]:
+    """`destination` for a loop over a batch's events: `template` looked up once."""
+    default = compiled(template).render
+
+    def route(event: ChangeEvent) -> str:
+        own = event.route
+        return render(own, event) if own else default(event)
+
+    return route
+
+
+def fresh_indexes(events: Sequence[ChangeEvent], stored: Position | None,
+                  ascending: bool = False) -> list[int]:
+    """Indexes of the events past the stored checkpoint: what a replayed batch still has to
+    write. `ascending`: the events ascend by position (`BatchCommit.ascending`), so those
+    are the last ones, found by bisection."""
+    if stored is None:
+        return list(range(len(events)))
+    mark = position_key(stored)
+    if ascending:
+        return list(range(bisect_right(events, mark, key=_position_key), len(events)))
     return [i for i, e in enumerate(events) if position_key(e.position) > mark]
+
+
+def _position_key(event: ChangeEvent) -> tuple[int, int]:
+    return position_key(event.position)
 
 
 def advances(commit: BatchCommit, stored: Position | None) -> bool:

@@ -71,6 +71,11 @@ class BatchCommit:
     # (the control checkpoint's `sink_stored`, then each batch of the slice it wrote).
     # Found behind, the sink lost acknowledged writes (`exactly_once.SinkLostWrites`).
     floor: Position | None = None
+    # The events written with it ascend by position, each position once: set by the
+    # fan-out for what `fanout._pending` kept of a batch (and what it writes again without
+    # dead letters). An exactly-once sink then finds those past its stored checkpoint by
+    # bisection (`_common.fresh_indexes`); without it, by reading every event's position.
+    ascending: bool = False
 
 
 class PerEventError(NonRetryableError):

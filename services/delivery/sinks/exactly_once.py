@@ -109,7 +109,7 @@ class ExactlyOnceSink(Sink):
         self.pipeline = commit.pipeline
         with self.begin(commit) as unit:
             SinkLostWrites.check(self.id, commit, unit.stored)
-            todo = fresh_indexes(events, unit.stored)
+            todo = fresh_indexes(events, unit.stored, commit.ascending)
             if len(todo) < len(events):
                 log.info("replayed events skipped", sink=self.id, skipped=len(events) - len(todo))
             if todo or advances(commit, unit.stored):

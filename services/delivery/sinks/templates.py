@@ -47,12 +47,13 @@ class _Template:
 
 
 @functools.lru_cache(maxsize=_KEPT)
-def _compiled(template: str) -> _Template:
+def compiled(template: str) -> _Template:
+    """The template read once (kept): `render` it for each event of a loop."""
     return _Template(template)
 
 
 def render(template: str, event: ChangeEvent) -> str:
-    return _compiled(template).render(event)
+    return compiled(template).render(event)
 
 
 def _format(template: str, event: ChangeEvent) -> str:

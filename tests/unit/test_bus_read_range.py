@@ -1,0 +1,73 @@
+"""`BusReader.read_range` over the consumer's messages as they come: chunks in offset order,
+what is outside the range left out, a partition's end noted, any other error raised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from tailrace.bus import BusReader, BusReadError
+
+
+class _Msg:
+    """What `Consumer.consume` returns: a record, or an event with its error."""
+
+    def __init__(self, offset: int = -1, value: bytes = b"", error: int | None = None) -> None:
+        self._offset, self._value = offset, value
+        self._error = KafkaError(error) if error is not None else None
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Consumer:
+    def __init__(self, batches: list[list[_Msg]]) -> None:
+        self.batches = batches
+
+    def assign(self, _: Any) -> None:
+        pass
+
+    def consume(self, _n: int, _timeout: float) -> list[_Msg]:
+        return self.batches.pop(0)
+
+
+def _reader(batches: list[list[_Msg]]) -> BusReader:
+    reader = BusReader("127.0.0.1:1", "t")
+    reader._consumer = _Consumer(batches)  # type: ignore[assignment]
+    return reader
+
+
+EOF_ = KafkaError._PARTITION_EOF
+
+
+def test_records_in_chunks_what_is_outside_the_range_left_out_and_the_end_noted() -> None:
+    reader = _reader([
+        [_Msg(3, b"old"), _Msg(5, b"a"), _Msg(6, b"b"), _Msg(error=EOF_)],
+        [_Msg(7, b"c"), _Msg(8, b"d"), _Msg(9, b"past")],
+    ])
+    assert list(reader.read_range(0, 5, 9, chunk=3)) == [([5, 6, 7], [b"a", b"b", b"c"]),
+                                                         ([8], [b"d"])]
+    assert reader.at_end == set()  # records came after the end event
+
+
+def test_a_partition_end_after_the_last_record_stays_noted() -> None:
+    reader = _reader([[_Msg(0, b"a"), _Msg(error=EOF_)], [_Msg(1, b"b"), _Msg(error=EOF_)]])
+    assert list(reader.read_range(0, 0, 2)) == [([0, 1], [b"a", b"b"])]
+    assert reader.at_end == {0}
+
+
+def test_another_error_is_raised_naming_the_partition() -> None:
+    reader = _reader([[_Msg(0, b"a"), _Msg(error=KafkaError._TRANSPORT)]])
+    with pytest.raises(BusReadError, match=r"bus t\[0\]"):
+        list(reader.read_range(0, 0, 2))
