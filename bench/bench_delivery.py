@@ -102,9 +102,7 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         for partition, end in sorted(ends.items()):
             r0 = time.perf_counter()
-            records = [(o, v) for offsets, values
-                       in read_bus_range(broker.bootstrap, topic, partition, 0, end)
-                       for o, v in zip(offsets, values, strict=True)]
+            records = list(read_bus_range(broker.bootstrap, topic, partition, 0, end))
             read_s += time.perf_counter() - r0
             if profiler is not None:
                 profiler.enable()
