@@ -452,6 +452,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=1, help="spec.bus.partitions")
     parser.add_argument("--epoch-ms", type=int, default=0,
                         help="spec.source.epoch_ms (default: the spec's default)")
+    parser.add_argument("--stream-over", default="",
+                        help="spec.source.stream_transactions_over, PostgreSQL (a size, e.g. "
+                             "16MiB, or null: no streaming; default: the spec's default)")
     parser.add_argument("--sink-broker", choices=("noida", "tansu"), default="noida",
                         help="the Kafka sink's broker: noida-db filters aborted transactions "
                              "(what the tests need), Tansu does not (a healthy run aborts "
@@ -496,8 +499,10 @@ def running_pipeline(args: argparse.Namespace, prefix: str) -> Iterator[Running]
                                          sink=sink, brokers=kafka.bootstrap,
                                          control_port=free_port(),
                                          partitions=args.partitions,
-                                         epoch=f"    epoch_ms: {args.epoch_ms}\n"
-                                         if args.epoch_ms else "",
+                                         epoch=(f"    epoch_ms: {args.epoch_ms}\n"
+                                                if args.epoch_ms else "") +
+                                         (f"    stream_transactions_over: {args.stream_over}\n"
+                                          if args.stream_over else ""),
                                          batch=f"  batch: {{max_events: {args.max_events}}}\n"
                                          if args.max_events else ""))
         spec = load_pipeline(spec_path)

@@ -56,6 +56,7 @@ EXAMPLES: dict[str, Any] = {
     "PostgresSourceSpec.tables": ["public.orders", "public.order_%"],
     "PostgresSourceSpec.heartbeat_ms": 10000,
     "PostgresSourceSpec.max_retained": "50GiB",
+    "PostgresSourceSpec.stream_transactions_over": "4MiB",
     "PostgresSourceSpec.slot": "tailrace_orders",
     "PostgresSourceSpec.publication": "tailrace_orders",
     "MysqlSourceSpec.type": "mysql",

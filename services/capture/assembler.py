@@ -6,7 +6,8 @@ A source's feed (`events.py` of each connector) yields, in source order:
 - a `Change` (`changes.py`), a `ChangeEvent`, or a list of them: changes of the open
   transaction, not yet stamped — row changes as bytes, the rare rest (TRUNCATE, DDL) as
   events;
-- a `Commit`: the transaction committed. `records` stamps its `Change`s into bus records,
+- a `Commit`: the transaction committed (its changes yielded before it, or held by the
+  feed in its `items`). `records` stamps its `Change`s into bus records,
   `stamp(event, index, size)` its events: both fill the transaction fields (id,
   position, `tx_index/tx_size/tx_end`, idempotency key); `position` is where the
   transaction ends, `commit_ts_us` its source commit time;
@@ -93,6 +94,10 @@ class Commit:
     # source's heartbeat), as an event's: where its last change is
     advances: Position | None = None
     records: ChangeStamp | None = None  # for its `Change`s (a feed that yields them)
+    # the transaction's items when the feed held them itself (a PostgreSQL transaction
+    # streamed while open, interleaved with others): published instead of what the
+    # assembler buffered, which is nothing then
+    items: TransactionBuffer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +184,8 @@ class Assembler:
                 return
 
     def _commit(self, commit: Commit) -> None:
-        buffer, metrics, publisher = self.buffer, self.metrics, self.publisher
+        metrics, publisher = self.metrics, self.publisher
+        buffer = self.buffer if commit.items is None else commit.items
         size = len(buffer)
         if size:
             metrics.spill_bytes.set(buffer.spilled_bytes)

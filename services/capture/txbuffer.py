@@ -6,6 +6,9 @@ anonymous temp file and is read back in order. It is written a block at a time
 (SPILL_BLOCK items, or about SPILL_BLOCK_BYTES), each block one marshalled list behind
 its length: a `Change` as the tuple of its fields, an event as its serialized bytes.
 (Field by field, a read or write each, it had been a third of capture's CPU in a bulk.)
+
+Buffers may share a `MemoryBudget`: PostgreSQL streams several open transactions at once
+(`capture_postgres/events.py`), and together they hold at most the budget in memory.
 """
 
 from __future__ import annotations
@@ -29,16 +32,26 @@ _Spilled = tuple[bytes, bytes, int, bytes, bytes, bytes] | bytes  # a change's f
 _BLOCK_LEN = struct.Struct("<Q")  # a block's marshalled size, before it
 
 
+class MemoryBudget:
+    """Items the buffers that share it hold in memory, together: at most `items`."""
+
+    def __init__(self, items: int) -> None:
+        self.left = items
+
+
 class TransactionBuffer:
     """The items of one transaction, in order. Read it (`iter`) at the commit; appending
     after a read, or reading again, keeps the order (each read has its own place in the
-    file)."""
+    file). In memory until its budget (its own `max_in_memory`, or a shared one) is spent,
+    then in the file from there on."""
 
-    def __init__(self, max_in_memory: int = 10_000, spill_dir: str | None = None) -> None:
-        self._max = max_in_memory
+    def __init__(self, max_in_memory: int = 10_000, spill_dir: str | None = None, *,
+                 budget: MemoryBudget | None = None) -> None:
+        self._budget = budget if budget is not None else MemoryBudget(max_in_memory)
         self._spill_dir = spill_dir
         self._memory: list[Change | ChangeEvent] = []
         self._file: IO[bytes] | None = None
+        self._blocks: list[tuple[int, int]] = []  # each written block: its offset, its items
         self._block: list[_Spilled] = []  # past the bound, not written yet
         self._block_bytes = 0  # its size, as SPILL_BLOCK_BYTES counts it
         self._spilled = 0  # items past the bound, written or not
@@ -53,16 +66,15 @@ class TransactionBuffer:
         return self._written + self._block_bytes
 
     def append(self, item: Change | ChangeEvent) -> None:
-        if len(self._memory) < self._max and not self._spilled:
+        budget = self._budget
+        if budget.left > 0 and not self._spilled:
+            budget.left -= 1
             self._memory.append(item)
             return
-        if isinstance(item, Change):
-            self._block.append(tuple(item))  # type: ignore[arg-type]
-            self._block_bytes += len(item.rows) + len(item.key) + len(item.at)
-        else:
-            data = item.SerializeToString()
-            self._block.append(data)
-            self._block_bytes += len(data)
+        spilled: _Spilled = tuple(item) if isinstance(item, Change) \
+            else item.SerializeToString()  # type: ignore[assignment]
+        self._block.append(spilled)
+        self._block_bytes += _spilled_size(spilled)
         self._spilled += 1
         if len(self._block) >= SPILL_BLOCK or self._block_bytes >= SPILL_BLOCK_BYTES:
             self._write_block()
@@ -79,6 +91,7 @@ class TransactionBuffer:
         except BaseException:
             self._file.truncate(end)  # no part of a block left for a read to stop on
             raise
+        self._blocks.append((end, len(self._block)))
         self._written += _BLOCK_LEN.size + len(data)
         self._block, self._block_bytes = [], 0
 
@@ -103,11 +116,55 @@ class TransactionBuffer:
         if left:
             raise RuntimeError(f"the spill file held {-left} item(s) more than were spilled")
 
-    def clear(self) -> None:
-        self._memory = []
+    def truncate(self, size: int) -> None:
+        """Keep the first `size` items (a streamed transaction's rolled-back savepoint): the
+        file is cut at the block the cut falls in, whose kept items are pending again."""
+        if size >= len(self):
+            return
+        if size <= len(self._memory):
+            self._budget.left += len(self._memory) - size
+            del self._memory[size:]
+            self._drop_spill()
+            return
+        keep = size - len(self._memory)  # of the spilled items
+        in_file = self._spilled - len(self._block)
+        if keep >= in_file:  # the cut is in the block not written yet
+            del self._block[keep - in_file:]
+        else:
+            assert self._file is not None
+            index = seen = 0  # the block the cut falls in, the items before it
+            while seen + self._blocks[index][1] <= keep:
+                seen += self._blocks[index][1]
+                index += 1
+            offset = self._blocks[index][0]
+            self._file.seek(offset)
+            (length,) = _BLOCK_LEN.unpack(self._file.read(_BLOCK_LEN.size))
+            block: list[_Spilled] = marshal.loads(self._file.read(length))
+            self._file.truncate(offset)
+            del self._blocks[index:]
+            self._written = offset
+            self._block = block[:keep - seen]
+        self._block_bytes = sum(map(_spilled_size, self._block))
+        self._spilled = keep
+
+    def _drop_spill(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._blocks = []
         self._block, self._block_bytes = [], 0
         self._spilled = 0
         self._written = 0
+
+    def clear(self) -> None:
+        self._budget.left += len(self._memory)
+        self._memory = []
+        self._drop_spill()
+
+
+def _spilled_size(item: _Spilled) -> int:
+    """What SPILL_BLOCK_BYTES counts of an item: a change's rows, key and position, an
+    event's serialized bytes."""
+    if isinstance(item, bytes):
+        return len(item)
+    return len(item[4]) + len(item[5]) + len(item[3])

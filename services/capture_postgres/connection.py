@@ -195,12 +195,15 @@ class ReplicationConnection:
         return str_to_lsn(_text(result.get_value(0, 1)))
 
     def start(self, slot: str, publication: str, start_lsn: int = 0, *,
-              messages: bool = False) -> None:
-        """START_REPLICATION of `slot` for `publication` (pgoutput proto 1): enter COPY_BOTH.
+              messages: bool = False, stream_over: int | None = None) -> None:
+        """START_REPLICATION of `slot` for `publication` (pgoutput): enter COPY_BOTH.
 
         The server resumes at the slot's confirmed_flush_lsn or `start_lsn`,
         whichever is later. `messages`: also send `pg_logical_emit_message` output
-        (PostgreSQL 14+), which carries the snapshot watermarks.
+        (PostgreSQL 14+), which carries the snapshot watermarks. `stream_over` (bytes):
+        send a transaction still open once the changes the server holds pass it (proto 2,
+        `streaming 'on'`, this session's logical_decoding_work_mem; `reader.py`); None:
+        proto 1, every transaction whole after its commit.
         """
         _check_slot_name(slot)
         if self._streaming:
@@ -208,6 +211,10 @@ class ReplicationConnection:
         publications = '"' + publication.replace('"', '""') + '"'
         publications = publications.replace("'", "''")
         options = f"proto_version '1', publication_names '{publications}'"
+        if stream_over is not None:
+            self._command(f"SET logical_decoding_work_mem = '{int(stream_over) // 1024}kB'"
+                          .encode(), pq.ExecStatus.COMMAND_OK, "SET logical_decoding_work_mem")
+            options = f"proto_version '2', streaming 'on', publication_names '{publications}'"
         if messages:
             options += ", messages 'true'"
         command = f"START_REPLICATION SLOT {slot} LOGICAL {lsn_to_str(start_lsn)} ({options})"

@@ -16,6 +16,14 @@ rules happen here, in order:
 - the slot is confirmed by `position.SlotFeedback`, called before every read and
   while the publisher waits for the bus.
 
+A transaction the server streams while it is open (`source.stream_transactions_over`,
+protocol 2) is held here, one `TransactionBuffer` each, as its blocks arrive between
+the others' messages; a rolled-back subtransaction's changes are cut from it (they
+follow its first change: everything after it until the rollback is of it or of its
+own subtransactions); at its StreamCommit it goes to the assembler whole, in the
+Commit's `items`, at the place in commit order its Commit has — the resume and
+history rules apply to it there, as to any other.
+
 Keys: `key_columns` is the table's primary key, or its replica-identity index under
 USING INDEX, whatever the replica identity (`schema.py`); never every column.
 
@@ -46,10 +54,12 @@ from tailrace.events import (
 )
 from tailrace.events import event_id as make_event_id
 from tailrace.events._wire import row_bytes, varint
+from tailrace.logs import get_logger
 from tailrace_services.capture.assembler import BEGIN, IDLE, Commit, FeedItem
 from tailrace_services.capture.changes import Change, ChangeStamp, ChangeTemplate
 from tailrace_services.capture.metrics import CaptureMetrics
 from tailrace_services.capture.snapshot import WATERMARK_PREFIX, Watermark, parse_watermark
+from tailrace_services.capture.txbuffer import MemoryBudget, TransactionBuffer
 from tailrace_services.capture_postgres.connection import ReplicationConnection, lsn_to_str
 from tailrace_services.capture_postgres.history import HistoryCheck
 from tailrace_services.capture_postgres.position import (
@@ -66,13 +76,19 @@ from tailrace_services.capture_postgres.reader import (
     LogicalMessage,
     PgOutputDecoder,
     Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
     Truncate,
     Update,
 )
 from tailrace_services.capture_postgres.reader import Commit as PgCommit
-from tailrace_services.capture_postgres.schema import SchemaTracker
+from tailrace_services.capture_postgres.schema import SchemaTracker, choose_key
 
 __all__ = ["ChangeFeed", "EventFactory", "KeyOf", "encoded_row", "fill_unchanged_toast"]
+
+log = get_logger(__name__)
 
 READ_TIMEOUT_S = 0.2  # the longest a read waits for the server before IDLE
 _CHANGES = (Insert, Update, Delete)
@@ -121,6 +137,9 @@ class EventFactory:
         self._templates: dict[tuple[int, int], tuple[Relation, tuple[str, int], list[str],
                                                      ChangeTemplate]] = {}
 
+    def key_columns(self, relation: Relation) -> list[str]:
+        return self._key_columns(relation)[0]
+
     def _key_columns(self, relation: Relation) -> tuple[list[str], set[str]]:
         cached = self._keys.get(relation.oid)
         if cached is None or cached[0] is not relation:
@@ -130,12 +149,12 @@ class EventFactory:
         return cached[1], cached[2]
 
     def from_change(self, msg: Insert | Update | Delete, event_lsn: int,
-                    schema: tuple[str, int]) -> Change:
+                    schema: tuple[str, int], keys: list[str] | None = None) -> Change:
         """The change as bytes (`capture/changes.py`): the fields all of a relation's
-        events share, serialized once (`_template`), its own position fields, rows and bus
-        key. A row is there exactly when it was filled."""
+        events share, serialized once (`template`), its own position fields, rows and bus
+        key. A row is there exactly when it was filled. `keys`: instead of `key_of`'s."""
         rel = msg.relation
-        keys, key_set = self._key_columns(rel)
+        keys, key_set = self._key_columns(rel) if keys is None else (keys, set(keys))
         before: bytes | None = None
         after: bytes | None = None
         if isinstance(msg, Insert):
@@ -152,10 +171,10 @@ class EventFactory:
                                                key_set)
         at = (b"\x10" + varint(event_lsn) if event_lsn else b"") + \
             (b"\x18" + varint(timeline) if (timeline := self.timelines.of(event_lsn)) else b"")
-        return self._template(rel, op, schema, keys).change(at, before, after)
+        return self.template(rel, op, schema, keys).change(at, before, after)
 
-    def _template(self, relation: Relation, op: Op, schema: tuple[str, int], keys: list[str]
-                  ) -> ChangeTemplate:
+    def template(self, relation: Relation, op: Op, schema: tuple[str, int], keys: list[str]
+                 ) -> ChangeTemplate:
         cached = self._templates.get((relation.oid, op))
         if cached is None or cached[0] is not relation or cached[1] != schema or \
                 cached[2] is not keys:
@@ -189,9 +208,9 @@ class EventFactory:
         postgres.timeline = self.timelines.of(event_lsn)
         return event
 
-    def truncate(self, relation: Relation, event_lsn: int, schema: tuple[str, int] = ("", 0)
-                 ) -> ChangeEvent:
-        return self.change(relation, _TRUNCATE, None, None, event_lsn, schema)
+    def truncate(self, relation: Relation, event_lsn: int, schema: tuple[str, int] = ("", 0),
+                 keys: list[str] | None = None) -> ChangeEvent:
+        return self.change(relation, _TRUNCATE, None, None, event_lsn, schema, keys)
 
     def stamp(self, event: ChangeEvent, *, xid: int, tx_seq: int, end_lsn: int,
               commit_ts_us: int, index: int, size: int, ids: EventIds | None = None,
@@ -225,12 +244,63 @@ class EventFactory:
         return event
 
 
+@dataclass(slots=True)
+class _Streamed:
+    """A transaction the server streams while it is open: what came of it so far.
+
+    Its Relations are kept with the schema its changes carry: one the registry holds, or a
+    structure it does not hold yet (sequence None: a DDL in the transaction, which may still
+    roll back), registered at the commit, when its changes are made again (`provisional`)."""
+
+    xid: int
+    items: TransactionBuffer
+    relations: list[tuple[Relation, int, tuple[str, int | None]]] = field(default_factory=list)
+    """Each Relation in its blocks, in order: with its LSN and schema."""
+    subxacts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Each subtransaction that sent something: how many items and relations came before."""
+    provisional: dict[bytes, Relation] = field(default_factory=dict)
+    """The templates of changes made under a schema not registered yet: their relation."""
+    keys: dict[int, list[str]] = field(default_factory=dict)
+    """Their key columns until then, by relation oid (from the Relation alone)."""
+    truncates: int = 0  # TRUNCATE events among its items (`rows` counts row changes)
+
+    def note(self, xid: int) -> None:
+        if xid != self.xid and xid not in self.subxacts:
+            self.subxacts[xid] = (len(self.items), len(self.relations))
+
+    def add(self, item: Change | ChangeEvent, xid: int) -> None:
+        self.note(xid)
+        self.items.append(item)
+
+    def schema(self, relation: Relation) -> tuple[str, int | None] | None:
+        """The schema of the relation's changes here: its latest Relation's."""
+        for held, _, schema in reversed(self.relations):
+            if held is relation:
+                return schema
+        return None
+
+    def abort(self, subxid: int) -> bool:
+        """Drop the subtransaction's changes and Relations, and those of the subtransactions
+        after its first: its own, rolled back with it. False: none of it was sent."""
+        first = self.subxacts.get(subxid)
+        if first is None:
+            return False
+        self.items.truncate(first[0])
+        del self.relations[first[1]:]
+        self.truncates = sum(isinstance(item, ChangeEvent) for item in self.items) \
+            if self.truncates else 0
+        self.subxacts = {xid: at for xid, at in self.subxacts.items() if at < first}
+        return True
+
+
 @dataclass
 class ChangeFeed:
     """One replication session's pgoutput messages as the assembler's feed. `history`:
     what the re-read must show (nothing by default); `tick` runs before every read (cheap:
     the table watcher); `idle_s`: how long a read waits for the server before the feed
-    yields IDLE (`publisher.idle_report_s`)."""
+    yields IDLE (`publisher.idle_report_s`); `max_in_memory`: of the transactions
+    streamed while open, the items held in memory, all together
+    (`source.max_tx_memory_events`; the rest is spilled)."""
 
     repl: ReplicationConnection
     factory: EventFactory
@@ -241,11 +311,23 @@ class ChangeFeed:
     history: HistoryCheck | None = None
     tick: Callable[[], None] | None = None
     idle_s: float = READ_TIMEOUT_S
+    max_in_memory: int = 10_000
     _decoder: PgOutputDecoder = field(default_factory=PgOutputDecoder, init=False)
+    _budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(0), init=False)
 
     def items(self) -> Iterator[FeedItem | Watermark]:
         """Read until the connection fails (the assembler stops pulling when stopped)."""
-        repl, decode, factory, schemas = self.repl, self._decoder.decode, self.factory, self.schemas
+        streams: dict[int, _Streamed] = {}  # transactions streamed while open, by xid
+        self._budget = MemoryBudget(self.max_in_memory)  # all of them together
+        try:
+            yield from self._items(streams)
+        finally:
+            for held in streams.values():
+                held.items.clear()  # its spill file
+
+    def _items(self, streams: dict[int, _Streamed]) -> Iterator[FeedItem | Watermark]:
+        repl, decoder, factory, schemas = self.repl, self._decoder, self.factory, self.schemas
+        decode = decoder.decode
         history = self.history or HistoryCheck(self.resume_lsn, [])
         feedback, tick, idle_s = self.feedback, self.tick, self.idle_s
         log_bytes, rows = self.metrics.log_bytes, self.metrics.rows
@@ -253,6 +335,7 @@ class ChangeFeed:
         skipping = False
         changes = events = 0
         heartbeat = 0  # LSN of the open transaction's heartbeat message, if it has one
+        block: _Streamed | None = None  # the transaction of the open stream block
         read_bytes = 0  # counted in `log_bytes` once a transaction, not once a message
         while True:
             feedback.keep_alive()
@@ -276,7 +359,9 @@ class ChangeFeed:
                 raise FatalError(f"cannot decode the pgoutput message at "
                                  f"{lsn_to_str(data.data_start)}: {e}") from e
             if isinstance(msg, _CHANGES):
-                if not skipping:
+                if block is not None:
+                    block.add(self._streamed_change(block, msg, data.data_start), decoder.xid)
+                elif not skipping:
                     changes += 1
                     yield factory.from_change(msg, data.data_start, schemas.of(msg.relation))
             elif isinstance(msg, Begin):
@@ -297,12 +382,56 @@ class ChangeFeed:
                         # there: the slot may be confirmed up to it
                         feedback.published = max(feedback.published, msg.end_lsn)
                 begin = None
+            elif isinstance(msg, Relation) and block is not None:
+                block.note(decoder.xid)
+                block.relations.append((msg, data.data_start, schemas.registered(msg)))
             elif isinstance(msg, Relation):
                 schemas.on_relation(msg, self._seen_at(begin, data.data_start))
+            elif isinstance(msg, Truncate) and block is not None:
+                block.truncates += len(msg.relations)
+                for rel in msg.relations:
+                    schema = self._streamed_schema(block, rel)
+                    block.add(factory.truncate(rel, data.data_start, (schema[0], schema[1] or 0),
+                                               None if schema[1] else block.keys.get(rel.oid, [])),
+                              decoder.xid)
             elif isinstance(msg, Truncate) and not skipping:
                 for rel in msg.relations:
                     events += 1
                     yield factory.truncate(rel, data.data_start, schemas.of(rel))
+            elif isinstance(msg, StreamStart):
+                block = self._block(streams, msg)
+            elif isinstance(msg, StreamStop):
+                block = None
+            elif isinstance(msg, StreamCommit):
+                held = streams.get(msg.xid)
+                if held is None:
+                    raise FatalError(f"the pgoutput stream committed transaction {msg.xid}, "
+                                     "none of whose changes this session read: restart the "
+                                     "capture service")
+                history.on_commit(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_ts_us)
+                log_bytes.inc(read_bytes)
+                read_bytes = 0
+                streamed = Begin(msg.commit_lsn, msg.commit_ts_us, msg.xid)
+                if msg.commit_lsn >= self.resume_lsn:  # else published before: Begin's rule
+                    items = self._settle(held, streamed)
+                    size = len(items)
+                    rows.inc(size - held.truncates)
+                    yield self._commit(streamed, PgCommit(msg.flags, msg.commit_lsn, msg.end_lsn,
+                                                          msg.commit_ts_us), items=items)
+                    items.clear()  # (the assembler did, once it was published)
+                    if size:
+                        feedback.published = max(feedback.published, msg.end_lsn)
+                del streams[msg.xid]
+                held.items.clear()
+            elif isinstance(msg, StreamAbort):
+                held = streams.get(msg.xid)
+                if held is not None and msg.subxid == msg.xid:
+                    del streams[msg.xid]
+                    held.items.clear()
+                elif held is not None and held.abort(msg.subxid):
+                    # the Relations its changes are read with: those left
+                    decoder.stream_relations[msg.xid] = {rel.oid: rel
+                                                         for rel, _, _ in held.relations}
             elif isinstance(msg, LogicalMessage) and begin is not None and \
                     msg.prefix == HEARTBEAT_PREFIX and msg.transactional:
                 heartbeat = data.data_start
@@ -314,9 +443,83 @@ class ChangeFeed:
                     if mark.published:  # a read transaction sits at it
                         feedback.published = max(feedback.published, msg.lsn + 1)
 
-    def _commit(self, begin: Begin, commit: PgCommit, heartbeat: int = 0) -> Commit:
+    def _streamed_schema(self, held: _Streamed, relation: Relation) -> tuple[str, int | None]:
+        """The schema a streamed change of `relation` carries (sequence None: registered at
+        the commit); the server sends a Relation before a table's first change in each
+        streamed transaction, so the fallback is not expected."""
+        schema = held.schema(relation)
+        if schema is None:
+            schema = self.schemas.registered(relation)
+            held.relations.append((relation, 0, schema))
+        if schema[1] is None and relation.oid not in held.keys:
+            held.keys[relation.oid] = choose_key(relation, None)  # from the Relation alone
+        return schema
+
+    def _streamed_change(self, held: _Streamed, msg: Insert | Update | Delete, lsn: int
+                         ) -> Change:
+        schema = self._streamed_schema(held, msg.relation)
+        if schema[1] is not None:
+            return self.factory.from_change(msg, lsn, (schema[0], schema[1]))
+        change = self.factory.from_change(msg, lsn, (schema[0], 0), held.keys[msg.relation.oid])
+        held.provisional[change.template] = msg.relation
+        return change
+
+    def _settle(self, held: _Streamed, begin: Begin) -> TransactionBuffer:
+        """At a streamed transaction's commit: register the structures it brought (a drift
+        is met here, as in a transaction sent whole), then remake the changes made under a
+        structure the registry did not hold, with their registered schema and the key the
+        catalog now gives. The transaction's items, remade or not."""
+        schemas, factory = self.schemas, self.factory
+        registered: dict[int, tuple[str, int]] = {}  # by id() of the Relation
+        for relation, lsn, _ in held.relations:
+            registered[id(relation)] = schemas.on_relation(relation, self._seen_at(begin, lsn))
+        pending = {schema[0]: relation for relation, _, schema in held.relations
+                   if schema[1] is None}  # new structures, by fingerprint
+        if not pending:
+            return held.items
+        log.info("a transaction streamed while open changed a table's structure: its changes "
+                 "are made again with the schema registered at its commit", xid=held.xid,
+                 events=len(held.items))
+        remade = TransactionBuffer(self.max_in_memory)
+        for item in held.items:
+            if isinstance(item, Change):
+                made_as = held.provisional.get(item.template)
+                if made_as is not None:
+                    event = item.event()
+                    before = event.before.SerializeToString() \
+                        if event.HasField("before") else None
+                    after = event.after.SerializeToString() if event.HasField("after") else None
+                    item = factory.template(made_as, event.op, registered[id(made_as)],
+                                            factory.key_columns(made_as)
+                                            ).change(item.at, before, after)
+            elif item.schema_version in pending and item.schema_sequence == 0:  # a TRUNCATE
+                relation = pending[item.schema_version]
+                item.schema_sequence = registered[id(relation)][1]
+                item.key_columns[:] = factory.key_columns(relation)
+            remade.append(item)
+        held.items.clear()
+        return remade
+
+    def _block(self, streams: dict[int, _Streamed], start: StreamStart) -> _Streamed:
+        """The transaction a stream block is of: a new one at its first block."""
+        held = streams.get(start.xid)
+        if start.first:
+            if held is not None:
+                raise FatalError(f"the pgoutput stream started transaction {start.xid} twice: "
+                                 "restart the capture service")
+            held = streams[start.xid] = _Streamed(start.xid,
+                                                  TransactionBuffer(budget=self._budget))
+        elif held is None:
+            raise FatalError(f"the pgoutput stream went on with transaction {start.xid}, whose "
+                             "first changes this session did not read: restart the capture "
+                             "service")
+        return held
+
+    def _commit(self, begin: Begin, commit: PgCommit, heartbeat: int = 0,
+                items: TransactionBuffer | None = None) -> Commit:
         """`heartbeat`: the LSN of the heartbeat message of a transaction without changes
-        (`position.Heartbeat`): the commit then `advances` to it, as if it were a change."""
+        (`position.Heartbeat`): the commit then `advances` to it, as if it were a change.
+        `items`: a streamed transaction's (the feed held them)."""
         factory, xid, end_lsn, ts = self.factory, begin.xid, commit.end_lsn, commit.commit_ts_us
         timeline = factory.timelines.of(commit.commit_lsn)
         tx_seq = tx_seq_of(timeline, end_lsn, factory.timelines.era)
@@ -343,7 +546,7 @@ class ChangeFeed:
             advances = Position()
             advances.CopyFrom(position)
             advances.postgres.event_lsn = heartbeat
-        return Commit(stamp, position, ts, str(xid), advances, records)
+        return Commit(stamp, position, ts, str(xid), advances, records, items)
 
     def _watermark(self, msg: LogicalMessage) -> Watermark | None:
         """A snapshot watermark; a read transaction placed at it ends one byte after the

@@ -1,4 +1,4 @@
-"""Parser of the pgoutput logical replication protocol, version 1.
+"""Parser of the pgoutput logical replication protocol, versions 1 and 2.
 
 The payload of each XLogData message is one pgoutput message. Relation ('R') and
 Type ('Y') messages describe tables and custom types before the first change that
@@ -12,6 +12,15 @@ not send because it did not change is `UNCHANGED_VALUE` (`tailrace.events.UNCHAN
 never NULL). An old tuple of kind 'K' (replica identity DEFAULT or USING INDEX) carries
 only the key columns: its other columns are NULL, which means "not sent"; the
 `old_is_key_only` flag says which kind it is.
+
+Version 2 adds streamed transactions (`streaming 'on'`): the server sends a large
+transaction's changes while it is still open, in blocks between a StreamStart and a
+StreamStop, then its StreamCommit or StreamAbort (of it or of one of its
+subtransactions). Inside a block every change, Relation, Type and Truncate carries the
+xid of its (sub)transaction after its type byte, a transactional Message its top
+transaction's: `PgOutputDecoder.xid` holds the last one read, 0 outside blocks. A Relation
+in a block is the streamed transaction's own until it commits (`stream_relations`): the
+structure a DDL in it gives a table, which other transactions do not have yet.
 
 Timestamps (`commit_ts_us`) are converted from the PostgreSQL epoch (2000-01-01)
 to Unix microseconds.
@@ -33,6 +42,7 @@ from tailrace_services.capture_postgres.values import (
 )
 
 __all__ = [
+    "STREAM_STOP",
     "Begin",
     "Commit",
     "Delete",
@@ -43,6 +53,10 @@ __all__ = [
     "PgOutputDecoder",
     "Relation",
     "RelationColumn",
+    "StreamAbort",
+    "StreamCommit",
+    "StreamStart",
+    "StreamStop",
     "Truncate",
     "TypeInfo",
     "Update",
@@ -61,6 +75,12 @@ _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _COLUMN = struct.Struct(">Ii")
 _TRUNCATE = struct.Struct(">IB")
+_STREAM_START = struct.Struct(">IB")
+_STREAM_COMMIT = struct.Struct(">IbQQq")
+_STREAM_ABORT = struct.Struct(">II")
+# the messages that carry their (sub)transaction's xid inside a stream block: Insert,
+# Update, Delete, Truncate, Relation, Type, Message
+_STREAMED_KINDS = frozenset(b"IUDTRYM")
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
@@ -78,6 +98,43 @@ class Commit:
     commit_lsn: int
     end_lsn: int
     commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """A block of an open transaction's changes follows (`first`: its first block)."""
+
+    xid: int
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """The block ends; the next message may be of any transaction."""
+
+
+STREAM_STOP = StreamStop()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    """The streamed transaction `xid` committed: as `Commit`, with its xid."""
+
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    """The streamed transaction `xid` rolled back (`subxid == xid`), or only its
+    subtransaction `subxid` (ROLLBACK TO SAVEPOINT): drop that one's changes and those
+    of its own subtransactions, which came after its first."""
+
+    xid: int
+    subxid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,11 +236,11 @@ class Truncate:
 
 
 Message = (Begin | Commit | Origin | Relation | TypeInfo | Insert | Update | Delete | Truncate
-           | LogicalMessage)
+           | LogicalMessage | StreamStart | StreamStop | StreamCommit | StreamAbort)
 
 
 class PgOutputDecoder:
-    """Decodes pgoutput v1 payloads; holds the relations and custom types seen so far.
+    """Decodes pgoutput v1 and v2 payloads; holds the relations and custom types seen so far.
 
     Keep one per stream. After a reconnect the server sends every Relation again
     before its first change, so a fresh decoder and a reused one both work.
@@ -192,10 +249,21 @@ class PgOutputDecoder:
     def __init__(self) -> None:
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, TypeInfo] = {}
+        self.in_block = False
+        """Between a StreamStart and its StreamStop."""
+        self.xid = 0
+        """The (sub)transaction of the last message read in a stream block; 0 outside."""
+        self.stream_relations: dict[int, dict[int, Relation]] = {}
+        """Of each transaction streamed while open (top xid): the Relations its blocks sent,
+        which its changes are read with before `relations`; merged into it at its commit."""
+        self._block_relations: dict[int, Relation] = {}
 
     def decode(self, payload: bytes) -> Message | None:
         """One pgoutput message."""
         kind = payload[0]
+        if self.in_block and kind in _STREAMED_KINDS:
+            (self.xid,) = _U32.unpack_from(payload, 1)
+            payload = payload[:1] + payload[5:]  # the v1 layout
         if kind == 0x49:  # 'I'
             relation = self._relation(payload)
             if payload[5] != 0x4E:  # 'N'
@@ -235,13 +303,43 @@ class PgOutputDecoder:
             (length,) = _U32.unpack_from(payload, pos)
             return LogicalMessage(bool(flags & 1), lsn, prefix,
                                   bytes(payload[pos + 4 : pos + 4 + length]))
+        return self._stream_message(kind, payload)
+
+    def _stream_message(self, kind: int, payload: bytes) -> Message:
+        if kind == 0x53:  # 'S'
+            if self.in_block:
+                raise ValueError("a StreamStart inside a stream block")
+            xid, first = _STREAM_START.unpack_from(payload, 1)
+            self.in_block, self.xid = True, xid
+            if first == 1:
+                self.stream_relations[xid] = {}
+            self._block_relations = self.stream_relations.setdefault(xid, {})
+            return StreamStart(xid, first == 1)
+        if kind == 0x45:  # 'E'
+            if not self.in_block:
+                raise ValueError("a StreamStop outside a stream block")
+            self.in_block, self.xid = False, 0
+            self._block_relations = {}
+            return STREAM_STOP
+        if kind == 0x63:  # 'c'
+            xid, flags, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(payload, 1)
+            self.relations.update(self.stream_relations.pop(xid, {}))
+            return StreamCommit(xid, flags, commit_lsn, end_lsn, ts + PG_EPOCH_US)
+        if kind == 0x41:  # 'A'
+            xid, subxid = _STREAM_ABORT.unpack_from(payload, 1)
+            if subxid == xid:
+                self.stream_relations.pop(xid, None)
+            return StreamAbort(xid, subxid)
         raise ValueError(
-            f"unknown pgoutput message type {chr(kind)!r}: is the stream using proto_version '1'?"
+            f"unknown pgoutput message type {chr(kind)!r}: is the stream using proto_version"
+            " '1' or '2'?"
         )
 
     def _relation(self, payload: bytes) -> Relation:
         (oid,) = _U32.unpack_from(payload, 1)
         try:
+            if self.in_block and oid in self._block_relations:
+                return self._block_relations[oid]
             return self.relations[oid]
         except KeyError:
             raise ValueError(
@@ -264,7 +362,10 @@ class PgOutputDecoder:
             pos += 8
             columns.append(RelationColumn(column_name, type_oid, modifier, bool(flags & 1)))
         relation = Relation(oid, namespace, name, identity, tuple(columns), dict(self.types))
-        self.relations[oid] = relation
+        if self.in_block:
+            self._block_relations[oid] = relation
+        else:
+            self.relations[oid] = relation
         return relation
 
     def _update(self, payload: bytes) -> Update:
@@ -287,7 +388,8 @@ class PgOutputDecoder:
         oids = struct.unpack_from(f">{count}I", payload, 6)
         relations = []
         for oid in oids:
-            relation = self.relations.get(oid)
+            relation = self._block_relations.get(oid) if self.in_block else None
+            relation = relation or self.relations.get(oid)
             if relation is None:
                 raise ValueError(f"truncate of relation oid {oid} before its Relation message")
             relations.append(relation)
@@ -352,7 +454,7 @@ def _py_tuple(payload: bytes, pos: int, relation: Relation) -> tuple[list[bytes]
         else:
             raise ValueError(
                 f"unsupported tuple value kind {chr(kind)!r} in {relation.name}:"
-                " binary mode is not requested by proto_version '1'"
+                " binary mode is never requested"
             )
     return values, pos
 

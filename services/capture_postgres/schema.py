@@ -145,6 +145,21 @@ class SchemaTracker:
                      sequence=record.sequence)
         return self._known[relation.oid]
 
+    def registered(self, relation: Relation) -> tuple[str, int | None]:
+        """(fingerprint, registry sequence) of the relation's structure, registering nothing:
+        the sequence is None when the registry holds no such structure of the table. (A
+        transaction streamed while open registers its own at its commit: a DDL in it may
+        still roll back.)"""
+        fp = fingerprint(relation.namespace, relation.name, shape_of(relation))
+        known = self._known.get(relation.oid)
+        if known is not None and known[0] == fp:
+            return known
+        table = f"{relation.namespace}.{relation.name}"
+        for version in self.control.list_schemas(self.tenant, self.database, table):
+            if version.fingerprint == fp:
+                return fp, version.sequence
+        return fp, None
+
     def of(self, relation: Relation) -> tuple[str, int]:
         """(fingerprint, sequence) of a relation `on_relation` has seen."""
         known = self._known.get(relation.oid)

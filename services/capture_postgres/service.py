@@ -135,7 +135,8 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
                               system.dbname, self.source.on_schema_drift),
                 feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
-                tick=tick, idle_s=idle_report_s(self.source.epoch_ms, READ_TIMEOUT_S))
+                tick=tick, idle_s=idle_report_s(self.source.epoch_ms, READ_TIMEOUT_S),
+                max_in_memory=self.source.max_tx_memory_events)
             retained: RetainedLog | None = None
             try:
                 with Assembler(self.pipeline, self.control, self.metrics, self.resume,
@@ -144,7 +145,8 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                     worker.start(resnapshot=accept,
                                  bus_lost=assembler.publisher.generation_opened)
                     self._take_slot()
-                    repl.start(self.slot, self.publication, 0, messages=True)
+                    repl.start(self.slot, self.publication, 0, messages=True,
+                               stream_over=self.source.stream_transactions_over)
                     self.lifecycle.streaming()
                     retained = RetainedLog(self.control, self.source.id, self.metrics,
                                            feedback.retained, self.source.max_retained).start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,6 +207,191 @@ def test_200k_row_transaction_spills_and_stays_under_300_mb(pg_db: str, capture_
           f"for a {ROWS}-row transaction")
     assert peak_kb < 300 * 1024, f"capture peak RSS {peak_kb / 1024:.0f} MB"
     assert "large transaction spilled to disk" in capture.log()
+
+
+def _insert(conn: psycopg.Connection[Any], first: int, count: int) -> None:
+    conn.execute("INSERT INTO big SELECT g, g %% 1000, repeat(md5(g::text), 4) "
+                 "FROM generate_series(%s::bigint, %s::bigint) g", (first, first + count - 1))
+
+
+def test_transactions_streamed_while_open_publish_only_what_committed_in_commit_order(
+        pg_db: str, capture_rig: Any) -> None:
+    """With stream_transactions_over 64KiB the server sends large transactions while they
+    are open, interleaved: capture holds each (here past max_tx_memory_events, on disk),
+    cuts rolled-back savepoints (nested ones with them), drops the aborted one, and
+    publishes the committed ones whole at their commits, in commit order among small ones."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text)")
+    rig = capture_rig(pg_db, "[public.big]", max_tx_memory_events=1_000,
+                      stream_transactions_over="64KiB")
+    capture = rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as a, psycopg.connect(pg_db) as b, \
+            psycopg.connect(pg_db) as d, psycopg.connect(pg_db, autocommit=True) as small:
+        _insert(a, 1, 5_000)
+        a.execute("SAVEPOINT s1")
+        _insert(a, 100_001, 3_000)
+        a.execute("ROLLBACK TO SAVEPOINT s1")  # in the file: cut there, copied
+        _insert(d, 500_001, 5_000)
+        _insert(a, 200_001, 2_000)  # under s1 still: kept
+        a.execute("SAVEPOINT s2")
+        a.execute("SAVEPOINT s3")
+        _insert(a, 300_001, 1_500)
+        a.execute("RELEASE SAVEPOINT s3")
+        a.execute("ROLLBACK TO SAVEPOINT s2")  # s2 wrote nothing itself, s3 is rolled back
+        _insert(b, 400_001, 4_000)
+        _insert(small, 900_001, 1)
+        b.commit()
+        _insert(small, 900_002, 1)
+        _insert(a, 5_001, 1_000)
+        d.rollback()
+        a.commit()
+        _insert(small, 900_003, 1)
+
+    a_ids = [*range(1, 5_001), *range(200_001, 202_001), *range(5_001, 6_001)]
+    expected = [[900_001], list(range(400_001, 404_001)), [900_002], a_ids, [900_003]]
+    total = sum(map(len, expected))
+    view = rig.read(lambda v: len(v.events) >= total, timeout=120)
+    sizes = assert_transactions_whole(view, 1)
+    assert [sizes[tx] for tx in sorted(sizes)] == [len(ids) for ids in expected]
+    transactions: list[list[int]] = []
+    for _, _, event in view.events:
+        if event.tx_index == 0:
+            transactions.append([])
+        transactions[-1].append(int(column(event.after, "id")))
+    assert transactions == expected
+    assert len(view.events) == total
+    with psycopg.connect(pg_db, autocommit=True) as conn:  # (stats the walsender reported)
+        streamed = conn.execute("SELECT stream_txns, stream_count FROM pg_stat_replication_slots"
+                                " WHERE slot_name LIKE 'tailrace_%'").fetchone()
+    print(f"streamed transactions, blocks: {streamed}")
+    assert streamed is not None and streamed[0] >= 3, \
+        f"the server streamed {streamed[0] if streamed else 0} transactions, not all three large"
+    assert "large transaction spilled to disk" in capture.log()
+    assert capture.proc.poll() is None
+
+
+def test_a_ddl_in_a_transaction_streamed_while_open_counts_only_once_it_commits(
+        pg_db: str, capture_rig: Any) -> None:
+    """on_schema_drift halt: a large transaction that alters a table and rolls back is sent
+    while open, DDL included, and changes nothing (no halt, no schema registered); one that
+    commits registers its structure at its commit, and the changes made before that carry
+    it, and their keys (REPLICA IDENTITY FULL: from the catalog, read at the commit)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text)")
+        conn.execute("CREATE TABLE other (id bigint PRIMARY KEY, n int NOT NULL)")
+        conn.execute("CREATE TABLE full_ (id bigint PRIMARY KEY, n int NOT NULL)")
+        conn.execute("ALTER TABLE full_ REPLICA IDENTITY FULL")
+    tables = "[public.big, public.other, public.full_]"
+    first = capture_rig(pg_db, tables, on_schema_drift="halt",
+                      max_tx_memory_events=1_000, stream_transactions_over="64KiB")
+    capture = first.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as conn:
+        _insert(conn, 1, 3_000)  # registers big's structure, at the commit
+        conn.commit()
+        _insert(conn, 3_001, 3_000)
+        conn.execute("ALTER TABLE big ADD COLUMN extra text")
+        _insert(conn, 6_001, 3_000)
+        _wait_decoded_past(pg_db, conn)  # the DDL and the changes after it sent, so far
+        conn.rollback()
+        conn.execute("INSERT INTO other VALUES (1, 1)")
+        conn.commit()
+    view = first.read(lambda v: len(v.events) >= 3_001, timeout=120)
+    assert [e.table for _, _, e in view.events] == ["big"] * 3_000 + ["other"]
+    assert capture.proc.poll() is None, "capture stopped on a DDL that rolled back"
+    assert "schema drift" not in capture.log()
+    versions = [r for r in first.control.client.list_schemas("acme") if r.table == "public.big"]
+    assert len(versions) == 1
+    capture.stop()
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (first.slot,))
+
+    # the same, committed, under adapt: big and full_ get a column each
+    rig = capture_rig(pg_db, tables, max_tx_memory_events=1_000,
+                      stream_transactions_over="64KiB")
+    capture = rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as conn:
+        _insert(conn, 3_001, 3_000)
+        conn.execute("ALTER TABLE big ADD COLUMN extra text DEFAULT 'x'")
+        _insert(conn, 6_001, 3_000)
+        conn.execute("ALTER TABLE full_ ADD COLUMN c int")
+        conn.execute("INSERT INTO full_ SELECT g, g, g FROM generate_series(1, 2000) g")
+        conn.commit()
+    view = rig.read(lambda v: len(v.events) >= 8_000, timeout=120)
+    events = [e for _, _, e in view.events]
+    assert [int(column(e.after, "id")) for e in events[:6_000]] == \
+        list(range(3_001, 9_001))
+    assert list(assert_transactions_whole(view, 1).values()) == [8_000]
+    versions = sorted((r for r in rig.control.client.list_schemas("acme")
+                       if r.table == "public.big"), key=lambda r: r.version)
+    assert len(versions) == 2
+    old, new = versions
+    assert {(e.schema_version, e.schema_sequence) for e in events[:3_000]} == \
+        {(old.fingerprint, old.sequence)}
+    assert {(e.schema_version, e.schema_sequence) for e in events[3_000:6_000]} == \
+        {(new.fingerprint, new.sequence)}
+    assert column(events[5_999].after, "extra") == "x"
+    full = [r for r in rig.control.client.list_schemas("acme") if r.table == "public.full_"]
+    assert len(full) == 1  # (no change of it before: first seen at the commit)
+    assert {(e.schema_version, e.schema_sequence, tuple(e.key_columns))
+            for e in events[6_000:]} == {(full[0].fingerprint, full[0].sequence, ("id",))}
+    assert capture.proc.poll() is None
+
+
+def _wait_decoded_past(dsn: str, writer: psycopg.Connection[Any]) -> None:
+    """Until capture's walsender has decoded what `writer` wrote so far (and streamed, past
+    the memory bound, what of it is open): by progress, not time. (The WAL of an open
+    transaction may wait in a page not flushed yet, which the walsender cannot read: each
+    poll commits a transaction with an xid, which flushes it.)"""
+    (lsn,) = writer.execute("SELECT pg_current_wal_insert_lsn()").fetchone() or (None,)
+    deadline = time.monotonic() + 60
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            conn.execute("SELECT txid_current()")
+            row = conn.execute("SELECT bool_or(r.sent_lsn >= %s) FROM pg_stat_replication r "
+                               "JOIN pg_replication_slots s ON s.active_pid = r.pid "
+                               "WHERE s.slot_name LIKE 'tailrace_%%'", (lsn,)).fetchone()
+            if row and row[0]:
+                return
+            assert time.monotonic() < deadline, f"capture's walsender did not reach {lsn}"
+            time.sleep(0.05)
+
+
+def _streamed_blocks(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(sum(stream_count), 0) FROM "
+                           "pg_stat_replication_slots WHERE slot_name LIKE 'tailrace_%'"
+                           ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_kill_while_a_transaction_is_streamed_to_capture_loses_and_doubles_nothing(
+        pg_db: str, capture_rig: Any) -> None:
+    """Capture killed (-9) once the server streamed blocks of an open transaction to it:
+    the next session is sent the whole transaction again, and publishes it once, whole."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text)")
+    rig = capture_rig(pg_db, "[public.big]", stream_transactions_over="64KiB")
+    capture = rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as a:
+        _insert(a, 1, 5_000)
+        deadline = time.monotonic() + 60
+        while _streamed_blocks(pg_db) == 0:  # by progress: the server sent blocks of it
+            assert time.monotonic() < deadline, "the server streamed nothing of it in 60 s"
+            time.sleep(0.05)
+        capture.kill()
+        _insert(a, 5_001, 3_000)
+        capture = rig.start()
+        capture.wait_streaming()
+        _insert(a, 8_001, 2_000)
+        a.commit()
+    view = rig.read(lambda v: len(v.events) >= 10_000, timeout=120)
+    assert [int(column(e.after, "id")) for _, _, e in view.events] == list(range(1, 10_001))
+    assert list(assert_transactions_whole(view, 1).values()) == [10_000]
+    assert capture.proc.poll() is None
 
 
 BIG = "".join(f"{i:05d}" for i in range(4000))  # 20 kB, stored out of line (TOAST)

@@ -16,7 +16,7 @@ from tailrace_services.capture_mysql.events import EventFactory as MysqlFactory
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.schema import shape_from_table_map
 from tailrace_services.capture_mysql.values import RowDecoder
-from tailrace_services.capture_postgres.events import ChangeFeed
+from tailrace_services.capture_postgres.events import ChangeFeed, _Streamed
 from tailrace_services.capture_postgres.events import EventFactory as PgFactory
 from tailrace_services.capture_postgres.position import Timelines
 from tailrace_services.capture_postgres.reader import Begin as PgBegin
@@ -180,3 +180,27 @@ def test_a_pg_transaction_s_changes_and_events_carry_one_capture_time() -> None:
     got = records_as_events(list(transaction_records(items, commit, len(items))))
     assert len({event.ts_captured_micros for _, event in got}) == 1
     assert [event.tx_id for _, event in got] == [str(XID)] * 3
+
+
+def test_a_streamed_transaction_drops_a_rolled_back_subtransaction_and_those_after_it() -> None:
+    """What `ChangeFeed` holds of a transaction streamed while open (top xid 10): a Stream
+    Abort of a subtransaction cuts from its first change, its nested ones with it; one with
+    no change sent, or an unknown one, changes nothing."""
+    held = _Streamed(10, TransactionBuffer(max_in_memory=2))
+    for table, xid in [("a", 10), ("b", 11), ("c", 11), ("d", 12), ("e", 13), ("f", 10)]:
+        held.add(ChangeEvent(table=table), xid)
+    assert not held.abort(14)
+    assert [e.table for e in held.items] == ["a", "b", "c", "d", "e", "f"]
+    assert held.abort(12)  # ROLLBACK TO a savepoint whose first change is d; e was nested
+    assert [e.table for e in held.items] == ["a", "b", "c"]
+    assert held.subxacts == {11: (1, 0)}
+    held.note(15)  # a Relation of subtransaction 15 first, then its change
+    held.relations.append((relation("d"), 7, ("fp", None)))
+    held.add(ChangeEvent(table="g"), 15)
+    assert held.schema(held.relations[0][0]) == ("fp", None)
+    assert held.abort(15)  # its Relation goes with it
+    assert held.relations == [] and [e.table for e in held.items] == ["a", "b", "c"]
+    held.add(ChangeEvent(table="h"), 16)
+    assert held.abort(11)
+    assert [e.table for e in held.items] == ["a"]
+    assert held.subxacts == {}

@@ -1,4 +1,4 @@
-"""pgoutput v1 decoding from hand-built protocol bytes, and the text value converters."""
+"""pgoutput v1 and v2 decoding from hand-built protocol bytes, and the text value converters."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tailrace_services.capture_postgres.connection import lsn_to_str, str_to_lsn
 from tailrace_services.capture_postgres.reader import (
     NULL_VALUE,
     PG_EPOCH_US,
+    STREAM_STOP,
     Begin,
     Commit,
     Delete,
@@ -25,6 +26,9 @@ from tailrace_services.capture_postgres.reader import (
     Origin,
     PgOutputDecoder,
     Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
     Truncate,
     TypeInfo,
     Update,
@@ -109,8 +113,56 @@ def test_origin_and_type_and_logical_message() -> None:
 
 
 def test_unknown_message_type_is_an_error() -> None:
-    with pytest.raises(ValueError, match="unknown pgoutput message type 'S'"):
-        PgOutputDecoder().decode(b"S\0\0\0\0")
+    with pytest.raises(ValueError, match="unknown pgoutput message type 'Z'"):
+        PgOutputDecoder().decode(b"Z\0\0\0\0")
+
+
+def with_xid(xid: int, message: bytes) -> bytes:
+    """A v1 message as a stream block carries it: its (sub)transaction's xid after its type."""
+    return message[:1] + struct.pack(">I", xid) + message[1:]
+
+
+def test_a_stream_block_s_messages_carry_their_subtransaction_s_xid(
+        decoder: PgOutputDecoder) -> None:
+    insert = b"I" + struct.pack(">I", 16400) + b"N" + tuple_data("7", "1.50", None, None)
+    assert decoder.decode(b"S" + struct.pack(">IB", 900, 1)) == StreamStart(900, True)
+    assert decoder.in_block and decoder.xid == 900
+    renamed = relation_msg(16400, "shop", "orders2", [("id", INT8, -1, True)])
+    assert isinstance(decoder.decode(with_xid(900, renamed)), Relation)
+    # the streamed transaction's own until it commits
+    assert decoder.stream_relations[900][16400].name == "orders2"
+    assert decoder.relations[16400].name == "orders"
+    decoder.decode(with_xid(900, ORDERS))  # (DDL in the transaction: its shape again)
+    streamed = decoder.decode(with_xid(901, insert))
+    assert isinstance(streamed, Insert) and decoder.xid == 901
+    assert py(streamed.new) == [7, Decimal("1.50"), None, None]
+    truncate = b"T" + struct.pack(">IBI", 1, 0, 16400)
+    assert isinstance(decoder.decode(with_xid(902, truncate)), Truncate) and decoder.xid == 902
+    assert decoder.decode(b"E") == STREAM_STOP
+    assert not decoder.in_block and decoder.xid == 0
+    whole = decoder.decode(insert)  # outside a block: no xid
+    assert isinstance(whole, Insert) and py(whole.new) == py(streamed.new)
+    assert decoder.decode(b"S" + struct.pack(">IB", 900, 0)) == StreamStart(900, False)
+    assert isinstance(decoder.decode(with_xid(900, renamed)), Relation)
+    one_column = b"I" + struct.pack(">I", 16400) + b"N" + tuple_data("8")
+    assert py(decoder.decode(with_xid(900, one_column)).new) == [8]  # type: ignore[union-attr]
+    decoder.decode(b"E")
+    assert decoder.relations[16400].name == "orders"  # outside the block: the others' shape
+    unix_us = 1_700_000_000_123_456
+    assert decoder.decode(b"c" + struct.pack(">IbQQq", 900, 0, 0x500, 0x548, pg_ts(unix_us))) \
+        == StreamCommit(900, 0, 0x500, 0x548, unix_us)
+    assert decoder.relations[16400].name == "orders2"  # committed: everyone's
+    assert 900 not in decoder.stream_relations
+    assert decoder.decode(b"A" + struct.pack(">II", 900, 901)) == StreamAbort(900, 901)
+
+
+def test_stream_blocks_out_of_turn_are_errors() -> None:
+    with pytest.raises(ValueError, match="StreamStop outside a stream block"):
+        PgOutputDecoder().decode(b"E")
+    dec = PgOutputDecoder()
+    dec.decode(b"S" + struct.pack(">IB", 5, 1))
+    with pytest.raises(ValueError, match="StreamStart inside a stream block"):
+        dec.decode(b"S" + struct.pack(">IB", 6, 1))
 
 
 def test_relation_message_is_cached(decoder: PgOutputDecoder) -> None:

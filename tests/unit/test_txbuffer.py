@@ -5,7 +5,12 @@ import pytest
 
 from tailrace.events import ChangeEvent
 from tailrace_services.capture.changes import Change
-from tailrace_services.capture.txbuffer import SPILL_BLOCK, SPILL_BLOCK_BYTES, TransactionBuffer
+from tailrace_services.capture.txbuffer import (
+    SPILL_BLOCK,
+    SPILL_BLOCK_BYTES,
+    MemoryBudget,
+    TransactionBuffer,
+)
 
 
 def test_spills_past_the_bound_and_keeps_order():
@@ -103,3 +108,71 @@ def test_a_block_that_failed_to_be_written_leaves_nothing_of_it_behind() -> None
     buf.append(ChangeEvent(table="last"))  # the block is still held: written with it
     tables = [e.table for e in buf]
     assert tables == [f"t{i}" for i in range(2 * SPILL_BLOCK)] + ["last"]
+
+
+def _events(first: int, count: int) -> list[ChangeEvent]:
+    return [ChangeEvent(table=f"t{i}") for i in range(first, first + count)]
+
+
+@pytest.mark.parametrize("keep", [0, 3, 7, 8, 9, SPILL_BLOCK + 2, SPILL_BLOCK + 8, 2 * SPILL_BLOCK + 12])
+def test_truncate_keeps_the_first_items_wherever_they_are(keep: int) -> None:
+    """In memory, in the file, in the block not written yet; what follows appends after."""
+    buf = TransactionBuffer(max_in_memory=8)
+    buf.append(_events(0, 1)[0])
+    for event in _events(1, 2 * SPILL_BLOCK + 19):
+        buf.append(event)
+    buf.truncate(keep)
+    assert len(buf) == keep
+    for event in _events(100_000, 10):
+        buf.append(event)
+    expected = [f"t{i}" for i in range(keep)] + [f"t{i}" for i in range(100_000, 100_010)]
+    assert [e.table for e in buf] == expected
+    assert len(buf) == keep + 10
+    assert (buf.spilled_bytes > 0) == (keep + 10 > 8)
+
+
+def test_truncate_past_the_end_changes_nothing() -> None:
+    buf = TransactionBuffer(max_in_memory=2)
+    for event in _events(0, 5):
+        buf.append(event)
+    buf.truncate(5)
+    buf.truncate(9)
+    assert [e.table for e in buf] == [f"t{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("keep", [9, SPILL_BLOCK + 2, SPILL_BLOCK + 8, 2 * SPILL_BLOCK + 12])
+def test_truncate_after_a_read_cuts_the_file_at_its_block(keep: int) -> None:
+    """A read writes the pending block; the cut then falls in the file, whose block it
+    falls in is read back as the pending one: later appends and reads keep the order."""
+    buf = TransactionBuffer(max_in_memory=8)
+    for event in _events(0, 2 * SPILL_BLOCK + 19):
+        buf.append(event)
+    assert len(list(buf)) == 2 * SPILL_BLOCK + 19
+    written = buf.spilled_bytes
+    buf.truncate(keep)
+    assert buf.spilled_bytes < written
+    for event in _events(100_000, SPILL_BLOCK + 3):
+        buf.append(event)
+    buf.truncate(keep + 5)  # again, past a block written since
+    expected = [f"t{i}" for i in range(keep)] + [f"t{i}" for i in range(100_000, 100_005)]
+    assert [e.table for e in buf] == expected
+    assert [e.table for e in buf] == expected  # (twice: each read has its own place)
+
+
+def test_buffers_sharing_a_budget_hold_at_most_it_in_memory_together() -> None:
+    budget = MemoryBudget(10)
+    first, second = TransactionBuffer(budget=budget), TransactionBuffer(budget=budget)
+    for event in _events(0, 6):
+        first.append(event)
+    for event in _events(6, 6):
+        second.append(event)
+    assert budget.left == 0
+    assert first.spilled_bytes == 0 and second.spilled_bytes > 0  # its last two
+    second.truncate(1)  # frees the memory of its cut items
+    assert budget.left == 3
+    first.clear()
+    assert budget.left == 9
+    for event in _events(20, 3):
+        first.append(event)
+    assert first.spilled_bytes == 0 and budget.left == 6
+    assert [e.table for e in second] == ["t6"]

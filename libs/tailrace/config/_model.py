@@ -242,6 +242,15 @@ class PostgresSourceSpec(_SourceBase):
     # create the slot and the publication when missing; false: a DBA made them, and
     # capture needs no CREATE rights
     create_slot: bool = True
+    # a transaction whose changes pass this much of the server's decoding memory is sent to
+    # capture while it is still open (pgoutput streaming; logical_decoding_work_mem of
+    # capture's replication session), so a large one reaches the sinks sooner after its
+    # COMMIT: capture holds it (past max_tx_memory_events on disk) and publishes it only once
+    # it commits, dropping it or a subtransaction that rolls back. null: every transaction is
+    # sent after its COMMIT, the server spilling to its disk past its own
+    # logical_decoding_work_mem (64MB by default)
+    stream_transactions_over: Annotated[int, BeforeValidator(parse_size),
+                                        Field(ge=64 * 1024, le=2**40)] | None = 4 * 2**20
 
     _dsn = field_validator("dsn")(classmethod(lambda cls, v: _check_dsn(v, check_postgres_dsn)))
 

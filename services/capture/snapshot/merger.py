@@ -152,6 +152,9 @@ class SnapshotMerger:
                 yield item
             elif isinstance(item, Commit):
                 self._recent.append((time.monotonic(), item.tx_id))
+                if item.items is not None and self._recorded:  # a transaction streamed
+                    for held in item.items:  # while open: its changes come with its commit
+                        self._note(tx_keys, held)
                 if tx_keys:
                     self._on_commit(item.tx_id, tx_keys)
                     tx_keys = {}
