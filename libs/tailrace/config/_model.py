@@ -210,7 +210,8 @@ class _SourceBase(_Spec):
     # epoch, so this much is added to its latency at most
     epoch_ms: Annotated[int, Field(ge=0)] = 100
     # events of one open transaction held in memory; past it the rest spill to disk, so a
-    # 1 GB transaction needs no 1 GB of memory
+    # 1 GB transaction needs no 1 GB of memory (PostgreSQL: as many again for the
+    # transactions it streams while open, all together: stream_transactions_over)
     max_tx_memory_events: Annotated[int, Field(gt=0)] = 10_000
     # at most every so many ms, the checkpoints may move to where the source's log is while
     # the captured tables are idle and the rest of the server writes; 0: only with captured
@@ -242,13 +243,14 @@ class PostgresSourceSpec(_SourceBase):
     # create the slot and the publication when missing; false: a DBA made them, and
     # capture needs no CREATE rights
     create_slot: bool = True
-    # a transaction whose changes pass this much of the server's decoding memory is sent to
-    # capture while it is still open (pgoutput streaming; logical_decoding_work_mem of
-    # capture's replication session), so a large one reaches the sinks sooner after its
-    # COMMIT: capture holds it (past max_tx_memory_events on disk) and publishes it only once
-    # it commits, dropping it or a subtransaction that rolls back. null: every transaction is
-    # sent after its COMMIT, the server spilling to its disk past its own
-    # logical_decoding_work_mem (64MB by default)
+    # PostgreSQL's decoding memory for capture's session (its logical_decoding_work_mem): once
+    # the open transactions' changes pass it, the server sends the largest to capture while
+    # it is still open (pgoutput streaming), so a large transaction reaches the sinks sooner
+    # after its COMMIT; capture holds each (past max_tx_memory_events, all of them together,
+    # on disk) and publishes it only once it commits, dropping what rolls back; one the server
+    # cannot stream yet it spills to its own disk past this. null: no streaming, every
+    # transaction sent after its COMMIT (the server's own logical_decoding_work_mem, 64MB by
+    # default)
     stream_transactions_over: Annotated[int, BeforeValidator(parse_size),
                                         Field(ge=64 * 1024, le=2**40)] | None = 4 * 2**20
 
