@@ -14,7 +14,8 @@ its own noida-db broker, which keeps transactions correct), Redis, and the pipel
    arrival in the sink (Redis stream entries; or the Kafka sink's topic, exactly-once,
    read committed) and the difference is the row's latency;
 2. bulk: `--bulk` rows committed in one transaction; events/s from that commit to the
-   last row's arrival.
+   last row's arrival. `--bulk-statements N --bulk-seconds S`: the transaction writes them
+   in N INSERTs over S seconds before its COMMIT (a batch job's, open while it writes).
 
 Prints one table (rate, rows, p50, p90, p99, max, missing) and the bulk rate. A rate
 whose rows have not all arrived 60 s after the writer stopped counts the rest as
@@ -401,13 +402,19 @@ class Bulk(NamedTuple):
 def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int) -> Bulk:
     ids = range(first_id, first_id + args.bulk)
     conn = _connect(args.source, dsn)
+    parts = max(args.bulk_statements, 1)
+    started = time.monotonic()
     with conn.cursor() as cur:
-        if args.source == "postgres":
-            cur.execute("INSERT INTO items SELECT g, 'bulk ' || g "
-                        "FROM generate_series(%s::bigint, %s::bigint) g", (ids[0], ids[-1]))
-        else:
-            cur.execute(f"INSERT INTO items SELECT seq, CONCAT('bulk ', seq) "  # noqa: S608
-                        f"FROM seq_{ids[0]}_to_{ids[-1]}")
+        for part in range(parts):  # the transaction stays open while they run, paced
+            first, last = ids[len(ids) * part // parts], ids[len(ids) * (part + 1) // parts - 1]
+            if args.source == "postgres":
+                cur.execute("INSERT INTO items SELECT g, 'bulk ' || g "
+                            "FROM generate_series(%s::bigint, %s::bigint) g", (first, last))
+            else:
+                cur.execute(f"INSERT INTO items SELECT seq, CONCAT('bulk ', seq) "  # noqa: S608
+                            f"FROM seq_{first}_to_{last}")
+            time.sleep(max(0.0, started + args.bulk_seconds * (part + 1) / parts
+                           - time.monotonic()))
     conn.commit()
     committed = time.time()
     conn.close()
@@ -542,6 +549,11 @@ def main() -> None:
                         help="rows per second, comma-separated (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--bulk", type=int, default=200_000, help="0 skips the bulk run")
+    parser.add_argument("--bulk-statements", type=int, default=1,
+                        help="the bulk's rows in so many INSERTs of its one transaction")
+    parser.add_argument("--bulk-seconds", type=float, default=0.0,
+                        help="...spread over so many seconds before the COMMIT (a batch job's "
+                             "transaction, open while it writes)")
     args = parser.parse_args()
     with running_pipeline(args, "bench-e2e-") as run:
         meter = CpuMeter({**run.roots, "bench (writer, reader)": os.getpid()})

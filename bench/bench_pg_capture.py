@@ -52,7 +52,7 @@ apiVersion: tailrace/v1
 kind: Pipeline
 metadata: {{name: {name}, tenant: bench}}
 spec:
-  source: {{type: postgres, id: bench-src, dsn: "{dsn}", tables: [public.items]}}
+  source: {{type: postgres, id: bench-src, dsn: "{dsn}", tables: [public.items]{stream}}}
   sinks: [{{id: none, type: redis, url: "redis://127.0.0.1:9"}}]
   bus: {{brokers: "{brokers}"}}
   control: {{address: "{control}"}}
@@ -135,6 +135,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--tx-size", type=int, default=100)
+    parser.add_argument("--stream-over", default="",
+                        help="spec.source.stream_transactions_over (a size, or null: no "
+                             "streaming; default: the spec's default)")
     parser.add_argument("--profile", metavar="FILE",
                         help="run the capture under cProfile and write its stats to FILE "
                              "(read with `python -m pstats FILE`); the rate then drops")
@@ -160,7 +163,9 @@ def main() -> None:
                   f"{rate:,.0f} rows/s")
 
             spec = work / "bench.yaml"
+            stream = f", stream_transactions_over: {args.stream_over}" if args.stream_over else ""
             spec.write_text(SPEC.format(name=NAME, dsn=pg.dsn(), brokers=kafka.bootstrap,
+                                        stream=stream,
                                         control=f"127.0.0.1:{server.port}"))
             events, hwm, wall, cpu = publish_rate(spec, work / "capture.log", control,
                                                   args.rows, last_end, args.profile)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,10 @@ class SchemaTracker:
     tenant: str
     database: str
     on_drift: str  # adapt | halt
+    # the fingerprint of a table's structure as committed in the catalog (`KeyCatalog`)
+    committed: Callable[[Relation], str | None] | None = None
     _known: dict[int, tuple[str, int]] = field(default_factory=dict)  # relation oid -> (fp, seq)
+    _sequences: dict[str, int] = field(default_factory=dict)  # fp -> seq, of `registered`
 
     def on_relation(self, relation: Relation, position: Position | None) -> tuple[str, int]:
         """Register the relation's structure; raises FatalError on drift with `halt`."""
@@ -146,18 +149,23 @@ class SchemaTracker:
         return self._known[relation.oid]
 
     def registered(self, relation: Relation) -> tuple[str, int | None]:
-        """(fingerprint, registry sequence) of the relation's structure, registering nothing:
-        the sequence is None when the registry holds no such structure of the table. (A
-        transaction streamed while open registers its own at its commit: a DDL in it may
-        still roll back.)"""
+        """(fingerprint, registry sequence) of a structure a transaction streamed while open
+        announces. One the registry holds, or the table's committed one (registered now, as
+        `on_relation` would), has its sequence; one neither (a DDL in that transaction, which
+        may still roll back) has None, and is registered at its commit (`on_relation`)."""
         fp = fingerprint(relation.namespace, relation.name, shape_of(relation))
         known = self._known.get(relation.oid)
         if known is not None and known[0] == fp:
             return known
+        if fp in self._sequences:
+            return fp, self._sequences[fp]
         table = f"{relation.namespace}.{relation.name}"
         for version in self.control.list_schemas(self.tenant, self.database, table):
             if version.fingerprint == fp:
+                self._sequences[fp] = version.sequence
                 return fp, version.sequence
+        if self.committed is not None and self.committed(relation) == fp:
+            return self.on_relation(relation, None)
         return fp, None
 
     def of(self, relation: Relation) -> tuple[str, int]:
@@ -291,11 +299,20 @@ class KeyCatalog:
             self._warn(relation, primary_key)
         return keys
 
-    def primary_key(self, oid: int) -> list[str] | None:
-        """The primary-key columns of the table `oid` ([] without one, None if it is gone)."""
+    def committed_fingerprint(self, relation: Relation) -> str | None:
+        """The fingerprint of the table's structure as committed (None: not in the catalog)."""
+        table = (relation.namespace, relation.name)
+        shape = catalog_shapes(self._catalog(), [table]).get(table)
+        return fingerprint(relation.namespace, relation.name, shape) if shape else None
+
+    def _catalog(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self._dsn)
-        row = self._conn.execute(_PRIMARY_KEY, (oid,)).fetchone()
+        return self._conn
+
+    def primary_key(self, oid: int) -> list[str] | None:
+        """The primary-key columns of the table `oid` ([] without one, None if it is gone)."""
+        row = self._catalog().execute(_PRIMARY_KEY, (oid,)).fetchone()
         if row is None:
             return None
         return list(row[1] or [])

@@ -133,7 +133,8 @@ class PostgresCapture(CaptureService[PostgresSourceSpec]):
                 repl, EventFactory(self.source.id, self.pipeline.tenant, system.dbname,
                                    timelines, keys.key_of),
                 SchemaTracker(self.control, self.source.id, self.pipeline.tenant,
-                              system.dbname, self.source.on_schema_drift),
+                              system.dbname, self.source.on_schema_drift,
+                              keys.committed_fingerprint),
                 feedback, self.metrics, resume_lsn=resume.lsn, history=checked.history,
                 tick=tick, idle_s=idle_report_s(self.source.epoch_ms, READ_TIMEOUT_S),
                 max_in_memory=self.source.max_tx_memory_events)
