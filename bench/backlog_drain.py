@@ -23,7 +23,7 @@ import time
 import urllib.request
 
 import bench_e2e
-from bench_e2e import Running, _connect, rss_bytes, running_pipeline
+from bench_e2e import Running, _connect, insert_range, rss_bytes, running_pipeline
 
 from tailrace_services.cli.supervisor import service_argv
 
@@ -45,12 +45,7 @@ def write_backlog(args: argparse.Namespace, dsn: str) -> float:
     with conn.cursor() as cur:
         for first in range(FIRST_ID, FIRST_ID + args.rows, args.tx_rows):
             last = min(first + args.tx_rows, FIRST_ID + args.rows) - 1
-            if args.source == "postgres":
-                cur.execute("INSERT INTO items SELECT g, 'backlog ' || g "
-                            "FROM generate_series(%s::bigint, %s::bigint) g", (first, last))
-            else:
-                cur.execute(f"INSERT INTO items SELECT seq, CONCAT('backlog ', seq) "  # noqa: S608
-                            f"FROM seq_{first}_to_{last}")
+            insert_range(cur, args.source, first, last, "backlog")
             conn.commit()
     conn.close()
     return time.monotonic() - started

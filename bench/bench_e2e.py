@@ -399,6 +399,17 @@ class Bulk(NamedTuple):
         return "  bulk, s after its commit (first-last row): " + "; ".join(parts)
 
 
+def insert_range(cur: Any, source: str, first: int, last: int, label: str) -> None:
+    """Rows `first`..`last` of `items` in one INSERT, their payload `{label} {id}` (`label`:
+    the bench's own word)."""
+    if source == "postgres":
+        cur.execute(f"INSERT INTO items SELECT g, '{label} ' || g "  # noqa: S608
+                    "FROM generate_series(%s::bigint, %s::bigint) g", (first, last))
+    else:
+        cur.execute(f"INSERT INTO items SELECT seq, CONCAT('{label} ', seq) "  # noqa: S608
+                    f"FROM seq_{first}_to_{last}")
+
+
 def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id: int) -> Bulk:
     ids = range(first_id, first_id + args.bulk)
     conn = _connect(args.source, dsn)
@@ -407,12 +418,7 @@ def bulk_phase(args: argparse.Namespace, dsn: str, arrivals: Arrivals, first_id:
     with conn.cursor() as cur:
         for part in range(parts):  # the transaction stays open while they run, paced
             first, last = ids[len(ids) * part // parts], ids[len(ids) * (part + 1) // parts - 1]
-            if args.source == "postgres":
-                cur.execute("INSERT INTO items SELECT g, 'bulk ' || g "
-                            "FROM generate_series(%s::bigint, %s::bigint) g", (first, last))
-            else:
-                cur.execute(f"INSERT INTO items SELECT seq, CONCAT('bulk ', seq) "  # noqa: S608
-                            f"FROM seq_{first}_to_{last}")
+            insert_range(cur, args.source, first, last, "bulk")
             time.sleep(max(0.0, started + args.bulk_seconds * (part + 1) / parts
                            - time.monotonic()))
     conn.commit()
