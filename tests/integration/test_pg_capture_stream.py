@@ -340,6 +340,39 @@ def test_a_ddl_in_a_transaction_streamed_while_open_counts_only_once_it_commits(
     assert capture.proc.poll() is None
 
 
+def test_a_ddl_in_a_rolled_back_savepoint_of_a_streamed_transaction_leaves_no_trace(
+        pg_db: str, capture_rig: Any) -> None:
+    """ROLLBACK TO a savepoint after an ALTER and a table's first change, both streamed: the
+    rest of the transaction is read with the structures from before, and published whole;
+    the rolled-back structure is never registered (on_schema_drift halt: no stop)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text)")
+        conn.execute("CREATE TABLE t2 (id bigint PRIMARY KEY)")
+    rig = capture_rig(pg_db, "[public.big, public.t2]", on_schema_drift="halt",
+                      max_tx_memory_events=1_000, stream_transactions_over="64KiB")
+    capture = rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as conn:
+        _insert(conn, 1, 3_000)
+        conn.execute("SAVEPOINT s1")
+        conn.execute("INSERT INTO t2 SELECT g FROM generate_series(1, 3000) g")
+        conn.execute("ALTER TABLE big ADD COLUMN extra text")
+        _insert(conn, 3_001, 3_000)
+        _wait_decoded_past(pg_db, conn)
+        conn.execute("ROLLBACK TO SAVEPOINT s1")
+        _insert(conn, 6_001, 3_000)
+        conn.execute("INSERT INTO t2 SELECT g FROM generate_series(1, 3000) g")
+        conn.commit()
+    view = rig.read(lambda v: len(v.events) >= 9_000, timeout=120)
+    got = [(e.table, int(column(e.after, "id"))) for _, _, e in view.events]
+    assert got == [("big", i) for i in [*range(1, 3_001), *range(6_001, 9_001)]] + \
+        [("t2", i) for i in range(1, 3_001)]
+    assert all(len(e.after.columns) == 3 for _, _, e in view.events if e.table == "big")
+    versions = [r for r in rig.control.client.list_schemas("acme") if r.table == "public.big"]
+    assert len(versions) == 1 and "schema drift" not in capture.log()
+    assert capture.proc.poll() is None
+
+
 def _wait_decoded_past(dsn: str, writer: psycopg.Connection[Any]) -> None:
     """Until capture's walsender has decoded what `writer` wrote so far (and streamed, past
     the memory bound, what of it is open): by progress, not time. (The WAL of an open
