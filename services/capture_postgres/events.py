@@ -244,39 +244,49 @@ class EventFactory:
         return event
 
 
+@dataclass(frozen=True, slots=True)
+class _HeldRelation:
+    """A Relation of a streamed transaction, with the schema its changes carry (sequence
+    None: a structure registered only at the commit) and, for those, the key columns its
+    flags give until then (one list: the factory's template cache holds to it)."""
+
+    relation: Relation
+    lsn: int
+    schema: tuple[str, int | None]
+    keys: list[str] | None
+
+
 @dataclass(slots=True)
 class _Streamed:
     """A transaction the server streams while it is open: what came of it so far.
 
     Its Relations are kept with the schema its changes carry: one the registry holds, or a
-    structure it does not hold yet (sequence None: a DDL in the transaction, which may still
-    roll back), registered at the commit, when its changes are made again (`provisional`)."""
+    structure it does not hold yet (a DDL in the transaction, which may still roll back),
+    registered at the commit, when its changes are made again (`provisional`)."""
 
     xid: int
     items: TransactionBuffer
-    relations: list[tuple[Relation, int, tuple[str, int | None]]] = field(default_factory=list)
-    """Each Relation in its blocks, in order: with its LSN and schema."""
-    subxacts: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Each subtransaction that sent something: how many items and relations came before."""
-    provisional: dict[bytes, Relation] = field(default_factory=dict)
-    """The templates of changes made under a schema not registered yet: their relation."""
-    keys: dict[int, list[str]] = field(default_factory=dict)
-    """Their key columns until then, by relation oid (from the Relation alone)."""
+    relations: list[_HeldRelation] = field(default_factory=list)  # in order
+    subxacts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    """Each subtransaction that sent something: how many items, relations and TRUNCATE
+    events came before its first."""
+    provisional: dict[bytes, str] = field(default_factory=dict)
+    """The templates of changes made under a structure not registered yet: its fingerprint."""
     truncates: int = 0  # TRUNCATE events among its items (`rows` counts row changes)
 
     def note(self, xid: int) -> None:
         if xid != self.xid and xid not in self.subxacts:
-            self.subxacts[xid] = (len(self.items), len(self.relations))
+            self.subxacts[xid] = (len(self.items), len(self.relations), self.truncates)
 
     def add(self, item: Change | ChangeEvent, xid: int) -> None:
         self.note(xid)
         self.items.append(item)
 
-    def schema(self, relation: Relation) -> tuple[str, int | None] | None:
-        """The schema of the relation's changes here: its latest Relation's."""
-        for held, _, schema in reversed(self.relations):
-            if held is relation:
-                return schema
+    def held(self, relation: Relation) -> _HeldRelation | None:
+        """The relation as held here (its latest Relation message)."""
+        for held in reversed(self.relations):
+            if held.relation is relation:
+                return held
         return None
 
     def abort(self, subxid: int) -> bool:
@@ -287,8 +297,7 @@ class _Streamed:
             return False
         self.items.truncate(first[0])
         del self.relations[first[1]:]
-        self.truncates = sum(isinstance(item, ChangeEvent) for item in self.items) \
-            if self.truncates else 0
+        self.truncates = first[2]
         self.subxacts = {xid: at for xid, at in self.subxacts.items() if at < first}
         return True
 
@@ -360,7 +369,8 @@ class ChangeFeed:
                                  f"{lsn_to_str(data.data_start)}: {e}") from e
             if isinstance(msg, _CHANGES):
                 if block is not None:
-                    block.add(self._streamed_change(block, msg, data.data_start), decoder.xid)
+                    block.add(self._streamed_change(block, msg, data.data_start, decoder.xid),
+                              decoder.xid)
                 elif not skipping:
                     changes += 1
                     yield factory.from_change(msg, data.data_start, schemas.of(msg.relation))
@@ -384,16 +394,16 @@ class ChangeFeed:
                 begin = None
             elif isinstance(msg, Relation) and block is not None:
                 block.note(decoder.xid)
-                block.relations.append((msg, data.data_start, schemas.registered(msg)))
+                block.relations.append(self._hold(msg, data.data_start))
             elif isinstance(msg, Relation):
                 schemas.on_relation(msg, self._seen_at(begin, data.data_start))
             elif isinstance(msg, Truncate) and block is not None:
-                block.truncates += len(msg.relations)
                 for rel in msg.relations:
-                    schema = self._streamed_schema(block, rel)
-                    block.add(factory.truncate(rel, data.data_start, (schema[0], schema[1] or 0),
-                                               None if schema[1] else block.keys.get(rel.oid, [])),
-                              decoder.xid)
+                    held_rel = self._streamed_relation(block, rel, decoder.xid)
+                    fp, sequence = held_rel.schema
+                    block.add(factory.truncate(rel, data.data_start, (fp, sequence or 0),
+                                               held_rel.keys), decoder.xid)
+                    block.truncates += 1
             elif isinstance(msg, Truncate) and not skipping:
                 for rel in msg.relations:
                     events += 1
@@ -430,8 +440,8 @@ class ChangeFeed:
                     held.items.clear()
                 elif held is not None and held.abort(msg.subxid):
                     # the Relations its changes are read with: those left
-                    decoder.stream_relations[msg.xid] = {rel.oid: rel
-                                                         for rel, _, _ in held.relations}
+                    decoder.stream_relations[msg.xid] = {one.relation.oid: one.relation
+                                                         for one in held.relations}
             elif isinstance(msg, LogicalMessage) and begin is not None and \
                     msg.prefix == HEARTBEAT_PREFIX and msg.transactional:
                 heartbeat = data.data_start
@@ -443,25 +453,32 @@ class ChangeFeed:
                     if mark.published:  # a read transaction sits at it
                         feedback.published = max(feedback.published, msg.lsn + 1)
 
-    def _streamed_schema(self, held: _Streamed, relation: Relation) -> tuple[str, int | None]:
-        """The schema a streamed change of `relation` carries (sequence None: registered at
-        the commit); the server sends a Relation before a table's first change in each
-        streamed transaction, so the fallback is not expected."""
-        schema = held.schema(relation)
-        if schema is None:
-            schema = self.schemas.registered(relation)
-            held.relations.append((relation, 0, schema))
-        if schema[1] is None and relation.oid not in held.keys:
-            held.keys[relation.oid] = choose_key(relation, None)  # from the Relation alone
-        return schema
+    def _hold(self, relation: Relation, lsn: int) -> _HeldRelation:
+        schema = self.schemas.registered(relation)
+        keys = choose_key(relation, None) if schema[1] is None else None  # the flags alone
+        return _HeldRelation(relation, lsn, schema, keys)
 
-    def _streamed_change(self, held: _Streamed, msg: Insert | Update | Delete, lsn: int
-                         ) -> Change:
-        schema = self._streamed_schema(held, msg.relation)
-        if schema[1] is not None:
-            return self.factory.from_change(msg, lsn, (schema[0], schema[1]))
-        change = self.factory.from_change(msg, lsn, (schema[0], 0), held.keys[msg.relation.oid])
-        held.provisional[change.template] = msg.relation
+    def _streamed_relation(self, held: _Streamed, relation: Relation, xid: int
+                           ) -> _HeldRelation:
+        """How a streamed change of `relation` is made. The server sends a Relation before a
+        table's first change in each streamed transaction (again after a subtransaction
+        rolled back), so the fallback, a Relation from before the transaction, is not
+        expected."""
+        found = held.held(relation)
+        if found is None:
+            held.note(xid)
+            found = self._hold(relation, 0)
+            held.relations.append(found)
+        return found
+
+    def _streamed_change(self, held: _Streamed, msg: Insert | Update | Delete, lsn: int,
+                         xid: int) -> Change:
+        made_as = self._streamed_relation(held, msg.relation, xid)
+        fp, sequence = made_as.schema
+        if sequence is not None:
+            return self.factory.from_change(msg, lsn, (fp, sequence))
+        change = self.factory.from_change(msg, lsn, (fp, 0), made_as.keys)
+        held.provisional[change.template] = fp
         return change
 
     def _settle(self, held: _Streamed, begin: Begin) -> TransactionBuffer:
@@ -470,33 +487,40 @@ class ChangeFeed:
         structure the registry did not hold, with their registered schema and the key the
         catalog now gives. The transaction's items, remade or not."""
         schemas, factory = self.schemas, self.factory
-        registered: dict[int, tuple[str, int]] = {}  # by id() of the Relation
-        for relation, lsn, _ in held.relations:
-            registered[id(relation)] = schemas.on_relation(relation, self._seen_at(begin, lsn))
-        pending = {schema[0]: relation for relation, _, schema in held.relations
-                   if schema[1] is None}  # new structures, by fingerprint
+        # each new structure, by fingerprint: a Relation of it and its registered schema
+        pending: dict[str, tuple[Relation, tuple[str, int]]] = {}
+        for one in held.relations:
+            registered = schemas.on_relation(one.relation, self._seen_at(begin, one.lsn))
+            if one.schema[1] is None:
+                pending[one.schema[0]] = (one.relation, registered)
         if not pending:
             return held.items
         log.info("a transaction streamed while open changed a table's structure: its changes "
                  "are made again with the schema registered at its commit", xid=held.xid,
                  events=len(held.items))
-        remade = TransactionBuffer(self.max_in_memory)
-        for item in held.items:
-            if isinstance(item, Change):
-                made_as = held.provisional.get(item.template)
-                if made_as is not None:
-                    event = item.event()
-                    before = event.before.SerializeToString() \
-                        if event.HasField("before") else None
-                    after = event.after.SerializeToString() if event.HasField("after") else None
-                    item = factory.template(made_as, event.op, registered[id(made_as)],
-                                            factory.key_columns(made_as)
-                                            ).change(item.at, before, after)
-            elif item.schema_version in pending and item.schema_sequence == 0:  # a TRUNCATE
-                relation = pending[item.schema_version]
-                item.schema_sequence = registered[id(relation)][1]
-                item.key_columns[:] = factory.key_columns(relation)
-            remade.append(item)
+        remade = TransactionBuffer(budget=self._budget)
+        try:
+            for item in held.items:
+                if isinstance(item, Change):
+                    fp = held.provisional.get(item.template)
+                    if fp is not None:
+                        relation, schema = pending[fp]
+                        event = item.event()
+                        before = event.before.SerializeToString() \
+                            if event.HasField("before") else None
+                        after = event.after.SerializeToString() \
+                            if event.HasField("after") else None
+                        item = factory.template(relation, event.op, schema,
+                                                factory.key_columns(relation)
+                                                ).change(item.at, before, after)
+                elif item.schema_version in pending and item.schema_sequence == 0:  # TRUNCATE
+                    relation, schema = pending[item.schema_version]
+                    item.schema_sequence = schema[1]
+                    item.key_columns[:] = factory.key_columns(relation)
+                remade.append(item)
+        except BaseException:
+            remade.clear()
+            raise
         held.items.clear()
         return remade
 

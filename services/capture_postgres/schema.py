@@ -150,9 +150,11 @@ class SchemaTracker:
 
     def registered(self, relation: Relation) -> tuple[str, int | None]:
         """(fingerprint, registry sequence) of a structure a transaction streamed while open
-        announces. One the registry holds, or the table's committed one (registered now, as
-        `on_relation` would), has its sequence; one neither (a DDL in that transaction, which
-        may still roll back) has None, and is registered at its commit (`on_relation`)."""
+        announces. One the registry holds has its sequence, and so has the committed one of
+        a table the registry holds nothing of yet (registered now, as `on_relation` would: a
+        first structure is no drift). Any other (a DDL in that transaction, which may still
+        roll back; or one the catalog has, read now, not as of the change) has None, and is
+        registered, drift checked, at the transaction's commit (`on_relation`)."""
         fp = fingerprint(relation.namespace, relation.name, shape_of(relation))
         known = self._known.get(relation.oid)
         if known is not None and known[0] == fp:
@@ -160,11 +162,12 @@ class SchemaTracker:
         if fp in self._sequences:
             return fp, self._sequences[fp]
         table = f"{relation.namespace}.{relation.name}"
-        for version in self.control.list_schemas(self.tenant, self.database, table):
+        versions = self.control.list_schemas(self.tenant, self.database, table)
+        for version in versions:
             if version.fingerprint == fp:
                 self._sequences[fp] = version.sequence
                 return fp, version.sequence
-        if self.committed is not None and self.committed(relation) == fp:
+        if not versions and self.committed is not None and self.committed(relation) == fp:
             return self.on_relation(relation, None)
         return fp, None
 

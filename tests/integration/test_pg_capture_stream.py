@@ -373,6 +373,57 @@ def test_a_ddl_in_a_rolled_back_savepoint_of_a_streamed_transaction_leaves_no_tr
     assert capture.proc.poll() is None
 
 
+def test_new_structures_announced_again_and_cut_by_a_savepoint_keep_their_changes_right(
+        pg_db: str, capture_rig: Any) -> None:
+    """One streamed transaction gives a table two new structures: after an ALTER the server
+    announces the first again (each block, and after a rolled-back savepoint, whose copy is
+    cut); then a new primary key. Every change comes out with its own structure's schema,
+    key columns and before-image, registered at the commit."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kt (a int PRIMARY KEY, b int NOT NULL, pad text)")
+        conn.execute("INSERT INTO kt VALUES (0, 0, 'first')")  # not captured: before the slot
+    rig = capture_rig(pg_db, "[public.kt]", max_tx_memory_events=1_000,
+                      stream_transactions_over="64KiB")
+    capture = rig.start()
+    capture.wait_streaming()
+
+    def insert(conn: psycopg.Connection[Any], first: int, count: int) -> None:
+        conn.execute("INSERT INTO kt SELECT g, -g, repeat(md5(g::text), 4), g "
+                     "FROM generate_series(%s::int, %s::int) g", (first, first + count - 1))
+
+    with psycopg.connect(pg_db) as conn:
+        conn.execute("UPDATE kt SET pad = 'v1' WHERE a = 0")  # registers the structure
+        conn.commit()
+        conn.execute("ALTER TABLE kt ADD COLUMN c int")
+        insert(conn, 1, 3_000)
+        _wait_decoded_past(pg_db, conn)
+        conn.execute("SAVEPOINT s")
+        insert(conn, 3_001, 3_000)
+        _wait_decoded_past(pg_db, conn)
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        insert(conn, 6_001, 3_000)
+        conn.execute("ALTER TABLE kt DROP CONSTRAINT kt_pkey, ADD PRIMARY KEY (b)")
+        conn.execute("UPDATE kt SET pad = 'u' WHERE a BETWEEN 1 AND 10")
+        conn.commit()
+    view = rig.read(lambda v: len(v.events) >= 6_011, timeout=120)
+    events = [e for _, _, e in view.events][1:]
+    assert len(events) == 6_010
+    assert [int(column(e.after, "a")) for e in events[:6_000]] == \
+        [*range(1, 3_001), *range(6_001, 9_001)]
+    versions = sorted((r for r in rig.control.client.list_schemas("acme")
+                       if r.table == "public.kt"), key=lambda r: r.version)
+    assert len(versions) == 3
+    _, with_c, keyed_b = versions
+    assert {(e.schema_version, e.schema_sequence, tuple(e.key_columns))
+            for e in events[:6_000]} == {(with_c.fingerprint, with_c.sequence, ("a",))}
+    updates = events[6_000:]
+    assert {(e.schema_version, e.schema_sequence, tuple(e.key_columns)) for e in updates} \
+        == {(keyed_b.fingerprint, keyed_b.sequence, ("b",))}
+    assert [[(c.name, column(e.before, c.name)) for c in e.before.columns] for e in updates] \
+        == [[("b", -i)] for i in range(1, 11)]
+    assert capture.proc.poll() is None
+
+
 def _wait_decoded_past(dsn: str, writer: psycopg.Connection[Any]) -> None:
     """Until capture's walsender has decoded what `writer` wrote so far (and streamed, past
     the memory bound, what of it is open): by progress, not time. (The WAL of an open

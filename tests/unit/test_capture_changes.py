@@ -16,7 +16,7 @@ from tailrace_services.capture_mysql.events import EventFactory as MysqlFactory
 from tailrace_services.capture_mysql.position import CapturePosition
 from tailrace_services.capture_mysql.schema import shape_from_table_map
 from tailrace_services.capture_mysql.values import RowDecoder
-from tailrace_services.capture_postgres.events import ChangeFeed, _Streamed
+from tailrace_services.capture_postgres.events import ChangeFeed, _HeldRelation, _Streamed
 from tailrace_services.capture_postgres.events import EventFactory as PgFactory
 from tailrace_services.capture_postgres.position import Timelines
 from tailrace_services.capture_postgres.reader import Begin as PgBegin
@@ -193,13 +193,17 @@ def test_a_streamed_transaction_drops_a_rolled_back_subtransaction_and_those_aft
     assert [e.table for e in held.items] == ["a", "b", "c", "d", "e", "f"]
     assert held.abort(12)  # ROLLBACK TO a savepoint whose first change is d; e was nested
     assert [e.table for e in held.items] == ["a", "b", "c"]
-    assert held.subxacts == {11: (1, 0)}
+    assert held.subxacts == {11: (1, 0, 0)}
     held.note(15)  # a Relation of subtransaction 15 first, then its change
-    held.relations.append((relation("d"), 7, ("fp", None)))
+    d = relation("d")
+    held.relations.append(_HeldRelation(d, 7, ("fp", None), ["id"]))
     held.add(ChangeEvent(table="g"), 15)
-    assert held.schema(held.relations[0][0]) == ("fp", None)
-    assert held.abort(15)  # its Relation goes with it
+    held.truncates += 1
+    found = held.held(d)
+    assert found is not None and found.schema == ("fp", None)
+    assert held.abort(15)  # its Relation goes with it, and the TRUNCATE count
     assert held.relations == [] and [e.table for e in held.items] == ["a", "b", "c"]
+    assert held.held(d) is None and held.truncates == 0
     held.add(ChangeEvent(table="h"), 16)
     assert held.abort(11)
     assert [e.table for e in held.items] == ["a"]
