@@ -274,8 +274,9 @@ def capture_rig(tmp_path: Path, control: Control, kafka_broker: KafkaBroker
     def make(dsn: str, tables: str = "[public.*]", *, partitions: int = 1,
              on_schema_drift: str = "adapt", max_tx_memory_events: int = 10_000,
              epoch_ms: int = 200, brokers: str | None = None,
-             **source: str | bool) -> CaptureRig:
-        """`source`: more fields of spec.source (slot, publication, create_slot)."""
+             **source: str | bool | None) -> CaptureRig:
+        """`source`: more fields of spec.source (slot, publication, create_slot; None:
+        null)."""
         name = f"pgc-{uuid.uuid4().hex[:10]}"
         spec_path = tmp_path / f"{name}.yaml"
         brokers = brokers or kafka_broker.bootstrap

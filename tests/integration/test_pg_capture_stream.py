@@ -478,6 +478,24 @@ def test_a_kill_while_a_transaction_is_streamed_to_capture_loses_and_doubles_not
     assert capture.proc.poll() is None
 
 
+def test_stream_transactions_over_null_keeps_every_transaction_whole_until_its_commit(
+        pg_db: str, capture_rig: Any) -> None:
+    """null: protocol 1, nothing streamed however large (the server holds it); the default
+    (4 MiB) would stream this one."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, pad text)")
+    rig = capture_rig(pg_db, "[public.big]", stream_transactions_over=None)
+    capture = rig.start()
+    capture.wait_streaming()
+    with psycopg.connect(pg_db) as conn:
+        _insert(conn, 1, 30_000)  # ~10 MB of decoding memory: past 4 MiB, under 64MB
+        conn.commit()
+    view = rig.read(lambda v: len(v.events) >= 30_000, timeout=120)
+    assert [int(column(e.after, "id")) for _, _, e in view.events] == list(range(1, 30_001))
+    assert _streamed_blocks(pg_db) == 0
+    assert capture.proc.poll() is None
+
+
 BIG = "".join(f"{i:05d}" for i in range(4000))  # 20 kB, stored out of line (TOAST)
 
 

@@ -334,6 +334,25 @@ def test_heartbeat_ms_is_read_for_both_sources_and_a_negative_one_is_refused():
         parse_pipeline(pg.replace("heartbeat_ms: 10000", "heartbeat_ms: -1"), env=env)
 
 
+def test_stream_transactions_over_is_a_size_or_null_for_postgres_only():
+    """Used by capture-postgres as its walsender's logical_decoding_work_mem, with pgoutput
+    streaming (tests/integration/test_pg_capture_stream.py)."""
+    env = {"PG_DSN": "postgresql://h/db"}
+    assert parse_pipeline(GOOD, env=env).spec.source.stream_transactions_over == 4 * 2**20
+    pg = GOOD.replace("tables: [public.orders, shop.order_%]}",
+                      "tables: [public.orders], stream_transactions_over: 64KiB}")
+    assert parse_pipeline(pg, env=env).spec.source.stream_transactions_over == 64 * 1024
+    off = pg.replace("64KiB", "null")
+    assert parse_pipeline(off, env=env).spec.source.stream_transactions_over is None
+    with pytest.raises(ConfigError, match=r"stream_transactions_over"):
+        parse_pipeline(pg.replace("64KiB", "32KiB"), env=env)  # PostgreSQL's floor: 64kB
+    with pytest.raises(ConfigError, match=r"stream_transactions_over"):
+        parse_pipeline(pg.replace("64KiB", "lots"), env=env)
+    mysql = pg.replace("type: postgres", "type: mysql").replace("public.orders", "shop.orders")
+    with pytest.raises(ConfigError, match=r"stream_transactions_over"):
+        parse_pipeline(mysql, env={"PG_DSN": "mysql://u@h/shop"})
+
+
 def test_control_replicas_are_named_as_a_list_or_comma_separated_and_checked():
     env = {"PG_DSN": "postgresql://h/db"}
     for control in ('control: {address: "a:1, b:2"}\n', "control: {address: [a:1, b:2]}\n"):
