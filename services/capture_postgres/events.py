@@ -322,12 +322,14 @@ class ChangeFeed:
     idle_s: float = READ_TIMEOUT_S
     max_in_memory: int = 10_000
     _decoder: PgOutputDecoder = field(default_factory=PgOutputDecoder, init=False)
-    _budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(0), init=False)
+    _budget: MemoryBudget = field(init=False)  # the streamed transactions', together
+
+    def __post_init__(self) -> None:
+        self._budget = MemoryBudget(self.max_in_memory)
 
     def items(self) -> Iterator[FeedItem | Watermark]:
         """Read until the connection fails (the assembler stops pulling when stopped)."""
         streams: dict[int, _Streamed] = {}  # transactions streamed while open, by xid
-        self._budget = MemoryBudget(self.max_in_memory)  # all of them together
         try:
             yield from self._items(streams)
         finally:

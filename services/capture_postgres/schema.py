@@ -129,6 +129,9 @@ class SchemaTracker:
     committed: Callable[[Relation], str | None] | None = None
     _known: dict[int, tuple[str, int]] = field(default_factory=dict)  # relation oid -> (fp, seq)
     _sequences: dict[str, int] = field(default_factory=dict)  # fp -> seq, of `registered`
+    # fps `registered` found nowhere, until `on_relation` registers them (the server announces
+    # a structure again at each block after a DDL: one registry call, not one a block)
+    _unregistered: set[str] = field(default_factory=set)
 
     def on_relation(self, relation: Relation, position: Position | None) -> tuple[str, int]:
         """Register the relation's structure; raises FatalError on drift with `halt`."""
@@ -143,6 +146,7 @@ class SchemaTracker:
         record = self.control.register_schema(self.tenant, self.database, table, fp,
                                               schema_json(relation), position)
         self._known[relation.oid] = (fp, record.sequence)
+        self._unregistered.discard(fp)
         if versions and record.created:
             log.info("schema version registered", table=table, version=record.version,
                      sequence=record.sequence)
@@ -161,6 +165,8 @@ class SchemaTracker:
             return known
         if fp in self._sequences:
             return fp, self._sequences[fp]
+        if fp in self._unregistered:
+            return fp, None
         table = f"{relation.namespace}.{relation.name}"
         versions = self.control.list_schemas(self.tenant, self.database, table)
         for version in versions:
@@ -169,6 +175,7 @@ class SchemaTracker:
                 return fp, version.sequence
         if not versions and self.committed is not None and self.committed(relation) == fp:
             return self.on_relation(relation, None)
+        self._unregistered.add(fp)
         return fp, None
 
     def of(self, relation: Relation) -> tuple[str, int]:
