@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, cast
@@ -154,6 +154,9 @@ class BusReader:
         self.topic = topic
         self.at_end: set[int] = set()
         """Partitions read to their end (no record since the broker said so)."""
+        self._read_up_to: dict[int, int] = {}
+        """Per partition, where the last `read_range` ended, when the consumer handed out
+        nothing after it: the next range from there is read on, without a new fetch."""
         try:  # creating a client does no I/O: a refusal is about the settings
             self._consumer = Consumer(config)
         except KafkaException as e:
@@ -164,6 +167,7 @@ class BusReader:
         """Read partition p from offset starts[p] on (and no other partition)."""
         self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
         self.at_end = set()
+        self._read_up_to = {}
 
     def poll(self, max_messages: int = 10_000, timeout_s: float = 0.5) -> list[BusMessage]:
         """What arrived within `timeout_s`, in offset order per partition."""
@@ -191,17 +195,23 @@ class BusReader:
         self.at_end.add(partition)
 
     def read_range(self, partition: int, start: int, end: int, timeout_s: float = 60.0,
-                   chunk: int = 4096) -> Iterator[tuple[list[int], list[bytes]]]:
+                   chunk: int = 4096) -> Generator[tuple[list[int], list[bytes]], None, None]:
         """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
         of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`. BusRangeGone
         sooner, when nothing arrived for GONE_AFTER_S and the partition ends where the read
         waits (or before): the range was planned from acknowledged records, so a bus without
         them lost them. Not at the first empty read: the test broker gives a partition's end
-        as one past the start of its last batch, below the records after it in that batch."""
-        self.assign({partition: start})
+        as one past the start of its last batch, below the records after it in that batch.
+
+        A range that starts where this reader's last one ended continues with what the
+        consumer fetched meanwhile (a kept reader: `delivery.executor`); any other start
+        assigns the partition anew."""
+        if self._read_up_to.pop(partition, None) != start:
+            self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []
         next_offset = start
+        handed_past_end = False
         deadline = time.monotonic() + timeout_s
         waiting_since = time.monotonic()
         while next_offset < end:
@@ -214,7 +224,10 @@ class BusReader:
                     continue
                 past_end = True
                 offset = cast(int, msg.offset())
-                if offset < next_offset or offset >= end:
+                if offset < next_offset:
+                    continue
+                if offset >= end:  # the next range's, handed out now: that one assigns anew
+                    handed_past_end = True
                     continue
                 offsets.append(offset)
                 values.append(cast(bytes, msg.value()))
@@ -237,6 +250,8 @@ class BusReader:
                                    f"not readable within {timeout_s:.0f} s")
         if offsets:
             yield offsets, values
+        if not handed_past_end:
+            self._read_up_to[partition] = end
 
     def end_offset(self, partition: int, timeout_s: float = 20.0) -> int:
         """The offset after the partition's last record now (its high watermark)."""

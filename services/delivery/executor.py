@@ -15,6 +15,7 @@ from collections.abc import Generator, Iterable, Iterator
 
 import pyarrow as pa
 
+from tailrace.bus import BusReader
 from tailrace.config import PipelineSpec
 from tailrace.proto.control_pb2 import Checkpoint
 from tailrace_services.delivery.handoff import RESULT_ARROW, BatchHandoff, worker_id
@@ -36,6 +37,20 @@ _tasks = 0  # tasks this worker process ran
 _SINKS: dict[tuple[str, str, str], Sink] = {}
 # Processor chains (compiled expressions), built once per worker process and pipeline spec.
 _CHAINS: dict[tuple[str, str], ProcessorChain] = {}
+# Bus readers of this worker process, one per pipeline and bus partition, kept across tasks
+# like its sinks: the next batch's range starts where this one's ended, and the consumer
+# has fetched it meanwhile. A reader new to a task pays a connection and a first fetch
+# (on the test brokers that fetch grows with the log after the offset: 60-70 ms for a
+# batch at the start of a 200,000-record log, 11 ms near its end; docs/performance.md).
+# By the bus (brokers, topic, client settings) and generation: a new generation's
+# offsets are other records, never read from an earlier one's fetch. What an idle reader
+# holds is bounded: at most KEPT_READERS of them (the least recently used closed), each
+# fetching ahead at most READ_AHEAD_KB (librdkafka's default, 64 MB, unless the spec's
+# bus.client_config sets queued.max.messages.kbytes).
+_READERS: dict[tuple[str, int], tuple[tuple[str, str, str, int], BusReader]] = {}
+KEPT_READERS = 8
+READ_AHEAD_KB = 16 * 1024
+BUS_READ_TIMEOUT_S = 60.0
 
 
 def _sinks(pipeline: PipelineSpec, only: Iterable[str]) -> list[Sink]:
@@ -79,6 +94,36 @@ def _chain(pipeline: PipelineSpec) -> ProcessorChain:
 def close_sinks(pipeline_name: str) -> None:
     for key in [k for k in _SINKS if k[0] == pipeline_name]:
         _SINKS.pop(key).close()
+
+
+def _bus_reader(pipeline: PipelineSpec, partition: int, generation: int) -> BusReader:
+    """This worker's reader of the pipeline's bus partition (`_READERS`)."""
+    bus = pipeline.spec.bus
+    settings = (bus.brokers, pipeline.bus_topic, json.dumps(bus.client_config, sort_keys=True),
+                generation)
+    kept = _READERS.pop((pipeline.name, partition), None)
+    if kept is not None and kept[0] == settings:
+        _READERS[(pipeline.name, partition)] = kept  # the most recently used now
+        return kept[1]
+    if kept is not None:
+        with contextlib.suppress(Exception):
+            kept[1].close()
+    while len(_READERS) >= KEPT_READERS:
+        with contextlib.suppress(Exception):
+            _READERS.pop(next(iter(_READERS)))[1].close()
+    reader = BusReader(bus.brokers, pipeline.bus_topic,
+                       client_id=f"tailrace-delivery-{pipeline.bus_topic}",
+                       client_config={"queued.max.messages.kbytes": str(READ_AHEAD_KB),
+                                      **bus.client_config})
+    _READERS[(pipeline.name, partition)] = settings, reader
+    return reader
+
+
+def _close_bus_reader(pipeline: PipelineSpec, partition: int) -> None:
+    kept = _READERS.pop((pipeline.name, partition), None)
+    if kept is not None:
+        with contextlib.suppress(Exception):
+            kept[1].close()
 
 
 def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int, start: int,
@@ -136,8 +181,8 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
                    ) -> pa.RecordBatch:
     started = time.monotonic()
     spec = pipeline.spec
-    read = _TimedRead(read_bus_range(spec.bus.brokers, pipeline.bus_topic, partition, start,
-                                     end, client_config=spec.bus.client_config))
+    reader = _bus_reader(pipeline, partition, generation)
+    read = _TimedRead(reader.read_range(partition, start, end, BUS_READ_TIMEOUT_S, READ_CHUNK))
     try:
         result = deliver_slice(
             partition, read, _sinks(pipeline, checkpoints),
@@ -153,8 +198,9 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
         # nothing was written: the sinks stay open; after it, they reconnect on the retry
         if read.done:
             close_sinks(pipeline.name)
+        _close_bus_reader(pipeline, partition)
         raise
-    finally:  # a read that ended is closed already; one that failed: its error is reported
+    finally:  # a read stopped before its end leaves the reader to assign anew at its next range
         with contextlib.suppress(Exception):
             read.close()
     if any(not o.acked for o in result.outcomes):
@@ -199,7 +245,7 @@ class _TimedRead:
             yield chunk
 
     def close(self) -> None:
-        """Close the bus reader now, also when the slice failed before its end."""
+        """End the bus read now, also when the slice failed before its end."""
         self._chunks.close()
 
 
@@ -209,8 +255,6 @@ def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: in
     """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
     read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
     `bus.client_config` (SASL, TLS)."""
-    from tailrace.bus import BusReader
-
     with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
                    client_config=client_config) as reader:
         yield from reader.read_range(partition, start, end, timeout_s, READ_CHUNK)

@@ -34,9 +34,10 @@ class _Msg:
 class _Consumer:
     def __init__(self, batches: list[list[_Msg]]) -> None:
         self.batches = batches
+        self.assigned: list[int] = []  # the offset of every assignment
 
-    def assign(self, _: Any) -> None:
-        pass
+    def assign(self, partitions: Any) -> None:
+        self.assigned += [tp.offset for tp in partitions]
 
     def consume(self, _n: int, _timeout: float) -> list[_Msg]:
         return self.batches.pop(0)
@@ -71,3 +72,44 @@ def test_another_error_is_raised_naming_the_partition() -> None:
     reader = _reader([[_Msg(0, b"a"), _Msg(error=KafkaError._TRANSPORT)]])
     with pytest.raises(BusReadError, match=r"bus t\[0\]"):
         list(reader.read_range(0, 0, 2))
+
+
+def _assigned(reader: BusReader) -> list[int]:
+    return reader._consumer.assigned  # type: ignore[attr-defined]
+
+
+def test_a_range_from_where_the_last_ended_reads_on_and_any_other_start_assigns_anew() -> None:
+    reader = _reader([[_Msg(0, b"a"), _Msg(1, b"b")], [_Msg(2, b"c"), _Msg(3, b"d")],
+                      [_Msg(1, b"b"), _Msg(2, b"c")]])
+    assert list(reader.read_range(0, 0, 2)) == [([0, 1], [b"a", b"b"])]
+    assert list(reader.read_range(0, 2, 4)) == [([2, 3], [b"c", b"d"])]
+    assert _assigned(reader) == [0]  # the second range read on what the consumer fetched
+    assert list(reader.read_range(0, 1, 3)) == [([1, 2], [b"b", b"c"])]  # a rewind
+    assert _assigned(reader) == [0, 1]
+
+
+def test_a_record_handed_out_past_the_range_makes_the_next_range_assign_anew() -> None:
+    reader = _reader([[_Msg(0, b"a"), _Msg(1, b"b"), _Msg(2, b"next")], [_Msg(2, b"next")]])
+    assert list(reader.read_range(0, 0, 2)) == [([0, 1], [b"a", b"b"])]
+    assert list(reader.read_range(0, 2, 3)) == [([2], [b"next"])]  # not lost with the first
+    assert _assigned(reader) == [0, 2]
+
+
+def test_a_read_stopped_before_its_end_makes_the_next_range_assign_anew() -> None:
+    reader = _reader([[_Msg(0, b"a"), _Msg(1, b"b")], [_Msg(2, b"c")], [_Msg(2, b"c")]])
+    read = reader.read_range(0, 0, 3, chunk=2)
+    assert next(read) == ([0, 1], [b"a", b"b"])
+    read.close()  # the task failed: where the consumer stands is not known
+    assert list(reader.read_range(0, 2, 3)) == [([2], [b"c"])]
+    assert _assigned(reader) == [0, 2]
+
+
+def test_an_assignment_in_between_assigns_anew() -> None:
+    reader = _reader([[_Msg(0, b"a")], [_Msg(1, b"b")], [_Msg(2, b"c")], [_Msg(2, b"c")]])
+    assert list(reader.read_range(0, 0, 1)) == [([0], [b"a"])]
+    reader.assign({0: 5})  # a poll from elsewhere, say
+    assert list(reader.read_range(0, 1, 2)) == [([1], [b"b"])]
+    assert _assigned(reader) == [0, 5, 1]
+    assert list(reader.read_range(1, 2, 3)) == [([2], [b"c"])]  # another partition's range
+    assert list(reader.read_range(0, 2, 3)) == [([2], [b"c"])]  # and back
+    assert _assigned(reader) == [0, 5, 1, 2, 2]

@@ -285,3 +285,49 @@ def test_a_tasks_read_is_decoded_as_it_comes_and_closed_even_when_decoding_fails
     assert not read.done and closed == []
     read.close()
     assert closed == [True]
+
+
+def _pipeline(name: str = "p", client_config: str = "{}") -> Any:
+    from tailrace.config import parse_pipeline
+
+    return parse_pipeline(f"""
+apiVersion: tailrace/v1
+kind: Pipeline
+metadata: {{name: {name}}}
+spec:
+  source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
+  sinks: [{{id: r, type: redis, url: "redis://127.0.0.1:1"}}]
+  bus: {{brokers: "127.0.0.1:1", client_config: {client_config}}}
+""")
+
+
+@pytest.fixture
+def _no_readers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(executor, "_READERS", {})
+    yield
+    for _, reader in executor._READERS.values():
+        reader.close()
+
+
+@pytest.mark.usefixtures("_no_readers")
+def test_a_worker_keeps_its_bus_reader_per_partition_until_the_generation_changes() -> None:
+    p = _pipeline()
+    first = executor._bus_reader(p, 0, generation=0)
+    assert executor._bus_reader(p, 0, generation=0) is first  # the next batch reads on
+    assert executor._bus_reader(p, 1, generation=0) is not first
+    renewed = executor._bus_reader(p, 0, generation=1)  # the bus was republished: new offsets
+    assert renewed is not first
+    assert [r for _, r in executor._READERS.values()].count(first) == 0
+    changed = _pipeline(client_config='{"client.rack": "b"}')  # a new spec's bus settings
+    assert executor._bus_reader(changed, 0, generation=1) is not renewed
+
+
+@pytest.mark.usefixtures("_no_readers")
+def test_a_worker_keeps_at_most_kept_readers_the_least_recently_used_closed() -> None:
+    p = _pipeline()
+    readers = [executor._bus_reader(p, n, 0) for n in range(executor.KEPT_READERS)]
+    executor._bus_reader(p, 0, 0)  # partition 0 used again: 1 is now the oldest
+    executor._bus_reader(p, executor.KEPT_READERS, 0)
+    kept = [r for _, r in executor._READERS.values()]
+    assert len(kept) == executor.KEPT_READERS
+    assert readers[1] not in kept and readers[0] in kept
