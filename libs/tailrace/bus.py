@@ -195,7 +195,8 @@ class BusReader:
         self.at_end.add(partition)
 
     def read_range(self, partition: int, start: int, end: int, timeout_s: float = 60.0,
-                   chunk: int = 4096) -> Generator[tuple[list[int], list[bytes]], None, None]:
+                   chunk: int = 4096, read_on: bool = True
+                   ) -> Generator[tuple[list[int], list[bytes]], None, None]:
         """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
         of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`. BusRangeGone
         sooner, when nothing arrived for GONE_AFTER_S and the partition ends where the read
@@ -203,10 +204,10 @@ class BusReader:
         them lost them. Not at the first empty read: the test broker gives a partition's end
         as one past the start of its last batch, below the records after it in that batch.
 
-        A range that starts where this reader's last one ended continues with what the
-        consumer fetched meanwhile (a kept reader: `delivery.executor`); any other start
-        assigns the partition anew."""
-        if self._read_up_to.pop(partition, None) != start:
+        With `read_on`, a range that starts where this reader's last one ended continues with
+        what the consumer fetched meanwhile (a kept reader: `delivery.executor`); any other
+        start assigns the partition anew, and so does every range without it."""
+        if self._read_up_to.pop(partition, None) != start or not read_on:
             self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []

@@ -42,6 +42,9 @@ _CHAINS: dict[tuple[str, str], ProcessorChain] = {}
 # has fetched it meanwhile. A reader new to a task pays a connection and a first fetch
 # (on the test brokers that fetch grows with the log after the offset: 60-70 ms for a
 # batch at the start of a 200,000-record log, 11 ms near its end; docs/performance.md).
+# Only a worker that delivered the partition's last batch in this query reads on
+# (`BatchHandoff.continues`, as for its sinks); the first batch after a restart or a
+# resume is fetched again from the bus, as the driver planned it.
 # By the bus (brokers, topic, client settings) and generation: a new generation's
 # offsets are other records, never read from an earlier one's fetch. What an idle reader
 # holds is bounded: at most KEPT_READERS of them (the least recently used closed), each
@@ -135,10 +138,11 @@ def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int,
     (checked before anything is written: a bus that lost its records holds other ones
     at those offsets). The result also says how long the task took, and its bus read
     (the batch log line: what of a batch is Spark's own)."""
-    _start_partition(pipeline, partition, kept=handoff.continues(partition))
+    continues = handoff.continues(partition)
+    _start_partition(pipeline, partition, kept=continues)
     with collector_paused():
         return _deliver_range(pipeline, handoff.checkpoints, partition, start, end,
-                              generation, epoch_id)
+                              generation, epoch_id, read_on=continues)
 
 
 @contextlib.contextmanager
@@ -177,12 +181,13 @@ def collector_paused() -> Iterator[None]:
 
 
 def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | None],
-                   partition: int, start: int, end: int, generation: int, epoch_id: int
-                   ) -> pa.RecordBatch:
+                   partition: int, start: int, end: int, generation: int, epoch_id: int,
+                   read_on: bool) -> pa.RecordBatch:
     started = time.monotonic()
     spec = pipeline.spec
     reader = _bus_reader(pipeline, partition, generation)
-    read = _TimedRead(reader.read_range(partition, start, end, BUS_READ_TIMEOUT_S, READ_CHUNK))
+    read = _TimedRead(reader.read_range(partition, start, end, BUS_READ_TIMEOUT_S, READ_CHUNK,
+                                        read_on=read_on))
     try:
         result = deliver_slice(
             partition, read, _sinks(pipeline, checkpoints),

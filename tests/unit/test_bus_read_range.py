@@ -113,3 +113,11 @@ def test_an_assignment_in_between_assigns_anew() -> None:
     assert list(reader.read_range(1, 2, 3)) == [([2], [b"c"])]  # another partition's range
     assert list(reader.read_range(0, 2, 3)) == [([2], [b"c"])]  # and back
     assert _assigned(reader) == [0, 5, 1, 2, 2]
+
+
+def test_without_read_on_a_range_from_where_the_last_ended_assigns_anew() -> None:
+    """Delivery's first batch of a query (after a restart or a resume) is fetched again."""
+    reader = _reader([[_Msg(0, b"a")], [_Msg(1, b"b")]])
+    assert list(reader.read_range(0, 0, 1)) == [([0], [b"a"])]
+    assert list(reader.read_range(0, 1, 2, read_on=False)) == [([1], [b"b"])]
+    assert _assigned(reader) == [0, 1]
