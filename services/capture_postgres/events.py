@@ -441,9 +441,7 @@ class ChangeFeed:
                     del streams[msg.xid]
                     held.items.clear()
                 elif held is not None and held.abort(msg.subxid):
-                    # the Relations its changes are read with: those left
-                    decoder.stream_relations[msg.xid] = {one.relation.oid: one.relation
-                                                         for one in held.relations}
+                    decoder.keep_stream_relations(msg.xid, (one.relation for one in held.relations))
             elif isinstance(msg, LogicalMessage) and begin is not None and \
                     msg.prefix == HEARTBEAT_PREFIX and msg.transactional:
                 heartbeat = data.data_start

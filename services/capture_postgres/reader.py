@@ -29,7 +29,7 @@ to Unix microseconds.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tailrace.events import UNCHANGED_TOAST, value_of
@@ -304,6 +304,12 @@ class PgOutputDecoder:
             return LogicalMessage(bool(flags & 1), lsn, prefix,
                                   bytes(payload[pos + 4 : pos + 4 + length]))
         return self._stream_message(kind, payload)
+
+    def keep_stream_relations(self, xid: int, relations: Iterable[Relation]) -> None:
+        """After a subtransaction of streamed transaction `xid` rolled back: the Relations its
+        later changes are read with are `relations`, those the rest of it announced (what
+        the rolled-back part announced went with it)."""
+        self.stream_relations[xid] = {relation.oid: relation for relation in relations}
 
     def _stream_message(self, kind: int, payload: bytes) -> Message:
         if kind == 0x53:  # 'S'
