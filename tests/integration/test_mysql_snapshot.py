@@ -26,6 +26,7 @@ import pytest
 from tailrace.devservers import MariaDBServer
 from tailrace.events import ChangeEvent, Op, python_of
 from tailrace.proto import control_pb2 as pb
+from tailrace_services.capture_mysql.signal_table import SignalTable
 from tests.fix_capture import BusView, CaptureRig, assert_transactions_whole, deduplicated
 
 pytestmark = pytest.mark.integration
@@ -598,6 +599,52 @@ def test_initial_snapshots_a_table_renamed_into_the_patterns_while_streaming(
           "each, then its update")
 
 
+class _SignalGate:
+    """The snapshot signal table held by `LOCK TABLES ... WRITE` on a connection of the
+    test's: the snapshot reader waits at its next watermark (an INSERT into the table), so a
+    test steps it chunk by chunk, by what it wrote, never by time. Leaving the block
+    unlocks the table."""
+
+    def __init__(self, server: MariaDBServer) -> None:
+        self.server, self.table = server, SignalTable.parse(None)
+        self.conn = server.connect()
+
+    def __enter__(self) -> _SignalGate:
+        with self.conn.cursor() as cur:
+            for statement in self.table.ddl():  # (capture creates it at its first snapshot)
+                cur.execute(statement)
+            cur.execute(f"LOCK TABLES {self.table.quoted} WRITE")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute("UNLOCK TABLES")
+        self.conn.close()
+
+    def watermarks(self) -> int:
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT COUNT(*) FROM {self.table.quoted}")  # noqa: S608
+            return int(cur.fetchone()[0])
+
+    def wait_for_the_reader(self, timeout_s: float = 60.0) -> None:
+        """Until a statement of another connection waits for the table."""
+        deadline = time.monotonic() + timeout_s
+        while not self.server.execute(
+                "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID <> %s AND "
+                "STATE = 'Waiting for table metadata lock' AND INFO LIKE %s",
+                [self.conn.thread_id(), f"%{self.table.table}%"]):
+            assert time.monotonic() < deadline, "the snapshot reader never wrote a watermark"
+            time.sleep(0.01)
+
+    def let_one_through(self) -> None:
+        """The waiting statement runs (a lock released is granted to the waiting request
+        before the test's next LOCK TABLES asks again, which then waits for it to end)."""
+        self.wait_for_the_reader()
+        with self.conn.cursor() as cur:
+            cur.execute("UNLOCK TABLES")
+            cur.execute(f"LOCK TABLES {self.table.quoted} WRITE")
+
+
 def test_a_column_added_during_a_snapshot_is_in_the_reads_after_it(
         fresh_server: MariaDBServer, fresh_db: str, mysql_rig: Any) -> None:
     """ALTER TABLE ADD COLUMN while a table is read: the chunks after it carry the new column
@@ -614,12 +661,12 @@ def test_a_column_added_during_a_snapshot_is_in_the_reads_after_it(
     while not rig.control.client.snapshot_state(rig.name).selected:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    rig.control.client.request_snapshot(rig.name, [f"{db}.t"])
-    deadline = time.monotonic() + 120
-    while _entry(rig, f"{db}.t").chunks_done < 3:
-        assert time.monotonic() < deadline, capture.tail()
-        time.sleep(0.05)
-    mariadb_server.execute("ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7", db=db)
+    with _SignalGate(mariadb_server) as gate:  # the reader waits at each watermark
+        rig.control.client.request_snapshot(rig.name, [f"{db}.t"])
+        while gate.watermarks() < 6:  # chunks read, each between its two watermarks: with
+            gate.let_one_through()  # the table's two readers, at least two chunks whole
+        gate.wait_for_the_reader()  # at its next watermark: what is read after it, after the DDL
+        mariadb_server.execute("ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7", db=db)
     deadline = time.monotonic() + 120
     while (entry := _entry(rig, f"{db}.t")).state != pb.SNAPSHOT_DONE:
         assert entry.state in (pb.SNAPSHOT_PENDING, pb.SNAPSHOT_RUNNING), entry

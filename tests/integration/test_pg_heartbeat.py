@@ -43,6 +43,12 @@ def busy_writes(server: PostgresServer, dbname: str) -> int:
     return int(server.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
 
 
+def wal_insert_lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def confirmed(server: PostgresServer, slot: str) -> int:
     rows = server.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
                           "WHERE slot_name = %s", [slot])
@@ -70,9 +76,13 @@ def test_heartbeats_move_the_slot_of_an_idle_database_and_resume_from_them(
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for t in range(3):
+            before_last = wal_insert_lsn(conn)  # the last transaction's changes come after it
             write_account_tx(conn, t, KEYS)
     pipeline.wait_for(lambda: delivered_up_to() == 2, 240, "the first changes")
-    pipeline.wait_for(lambda: confirmed(pg_server, slot) > 0, 60, "the slot confirmed")
+    # confirmed up to the last transaction's last change (`confirm_point`), no further: not
+    # just past the first's, which left the slot to move once more below
+    pipeline.wait_for(lambda: confirmed(pg_server, slot) >= before_last, 60,
+                      "the slot confirmed up to the last transaction")
     held = confirmed(pg_server, slot)
 
     # without heartbeats: capture sees the server's WAL end pass the busy writes (its own
