@@ -48,11 +48,17 @@ _CHAINS: dict[tuple[str, str], ProcessorChain] = {}
 # By the bus (brokers, topic, client settings) and generation: a new generation's
 # offsets are other records, never read from an earlier one's fetch. What an idle reader
 # holds is bounded: at most KEPT_READERS of them (the least recently used closed), each
-# fetching ahead at most READ_AHEAD_KB (librdkafka's default, 64 MB, unless the spec's
-# bus.client_config sets queued.max.messages.kbytes).
+# fetching ahead at most READ_AHEAD_KB (not librdkafka's 64 MB), unless the spec's
+# bus.client_config sets queued.max.messages.kbytes (or fetch.wait.max.ms, below).
 _READERS: dict[tuple[str, int], tuple[tuple[str, str, str, int], BusReader]] = {}
 KEPT_READERS = 8
 READ_AHEAD_KB = 16 * 1024
+# How long a kept reader's fetch waits at the partition's end for records. Kafka answers it
+# as soon as records arrive; the test broker (Tansu) holds it the whole time, so with
+# librdkafka's 500 ms a batch's records waited for it: 5,000 rows/s to Redis p99 258 ms with
+# 20 ms, 261 ms with 100, 448 ms with 500 (docs/performance.md). At most 10 empty fetches a
+# second from an idle reader.
+FETCH_WAIT_MS = 100
 BUS_READ_TIMEOUT_S = 60.0
 
 
@@ -117,6 +123,7 @@ def _bus_reader(pipeline: PipelineSpec, partition: int, generation: int) -> BusR
     reader = BusReader(bus.brokers, pipeline.bus_topic,
                        client_id=f"tailrace-delivery-{pipeline.bus_topic}",
                        client_config={"queued.max.messages.kbytes": str(READ_AHEAD_KB),
+                                      "fetch.wait.max.ms": str(FETCH_WAIT_MS),
                                       **bus.client_config})
     _READERS[(pipeline.name, partition)] = settings, reader
     return reader
