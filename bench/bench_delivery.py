@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fix_delive
 
 import redis
 
+from tailrace.bus import BusReader
 from tailrace.config import parse_pipeline
 from tailrace.control_client import ControlClient
 from tailrace.devservers import KafkaBroker, RedisServer
@@ -32,7 +33,7 @@ from tailrace_services.control.server import serve
 from tailrace_services.control.storage import MemoryStorage
 from tailrace_services.delivery import job as job_module
 from tailrace_services.delivery.committer import BatchReport
-from tailrace_services.delivery.executor import read_bus_range
+from tailrace_services.delivery.executor import READ_CHUNK
 from tailrace_services.delivery.processors import ProcessorChain
 from tailrace_services.delivery.runtime import deliver_slice
 from tailrace_services.delivery.sinks import build_sink
@@ -102,7 +103,8 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         for partition, end in sorted(ends.items()):
             r0 = time.perf_counter()
-            records = list(read_bus_range(broker.bootstrap, topic, partition, 0, end))
+            with BusReader(broker.bootstrap, topic) as reader:  # a new one, as a task's was
+                records = list(reader.read_range(partition, 0, end, chunk=READ_CHUNK))
             read_s += time.perf_counter() - r0
             if profiler is not None:
                 profiler.enable()

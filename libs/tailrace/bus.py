@@ -156,7 +156,7 @@ class BusReader:
         """Partitions read to their end (no record since the broker said so)."""
         self._read_up_to: dict[int, int] = {}
         """Per partition, where the last `read_range` ended, when the consumer handed out
-        nothing after it: the next range from there is read on, without a new fetch."""
+        nothing after it: the next range from there may read on, without assigning anew."""
         try:  # creating a client does no I/O: a refusal is about the settings
             self._consumer = Consumer(config)
         except KafkaException as e:
@@ -174,6 +174,7 @@ class BusReader:
         return self._consume(max_messages, timeout_s)
 
     def _consume(self, max_messages: int, timeout_s: float) -> list[BusMessage]:
+        self._read_up_to = {}  # what it hands out moves the consumer on
         out = []
         for msg in self._consumer.consume(max_messages, timeout_s):
             # confluent-kafka types these as optional (an error event may lack them); records
@@ -195,7 +196,7 @@ class BusReader:
         self.at_end.add(partition)
 
     def read_range(self, partition: int, start: int, end: int, timeout_s: float = 60.0,
-                   chunk: int = 4096, read_on: bool = True
+                   chunk: int = 4096, read_on: bool = False
                    ) -> Generator[tuple[list[int], list[bytes]], None, None]:
         """Offsets [start, end) of one partition in offset order, as (offsets, values) chunks
         of at most `chunk`; TimeoutError when nothing arrives for `timeout_s`. BusRangeGone
@@ -205,9 +206,11 @@ class BusReader:
         as one past the start of its last batch, below the records after it in that batch.
 
         With `read_on`, a range that starts where this reader's last one ended continues with
-        what the consumer fetched meanwhile (a kept reader: `delivery.executor`); any other
-        start assigns the partition anew, and so does every range without it."""
-        if self._read_up_to.pop(partition, None) != start or not read_on:
+        what the consumer fetched meanwhile (a kept reader: `delivery.executor`), once the
+        broker says the partition still reaches the range's end: a bus that lost its records
+        since is read again, not from that fetch. Any other range assigns the partition anew."""
+        if not (read_on and self._read_up_to.pop(partition, None) == start
+                and self._reaches(partition, end)):
             self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []
@@ -271,6 +274,12 @@ class BusReader:
         except KafkaException as e:
             return redact(str(e))
         return ""
+
+    def _reaches(self, partition: int, end: int) -> bool:
+        """Whether the broker answers that the partition ends at `end` or after it (a test
+        broker may answer less for its last batch: then no)."""
+        high = self._end_or_none(partition)
+        return high is not None and high >= end
 
     def _end_or_none(self, partition: int) -> int | None:
         try:

@@ -46,10 +46,13 @@ _CHAINS: dict[tuple[str, str], ProcessorChain] = {}
 # (`BatchHandoff.continues`, as for its sinks); the first batch after a restart or a
 # resume is fetched again from the bus, as the driver planned it.
 # By the bus (brokers, topic, client settings) and generation: a new generation's
-# offsets are other records, never read from an earlier one's fetch. What an idle reader
+# offsets are other records, never read from an earlier one's fetch. A partition whose last
+# batch another worker delivered closes this worker's reader of it. What an idle reader
 # holds is bounded: at most KEPT_READERS of them (the least recently used closed), each
-# fetching ahead at most READ_AHEAD_KB (not librdkafka's 64 MB), unless the spec's
-# bus.client_config sets queued.max.messages.kbytes (or fetch.wait.max.ms, below).
+# fetching ahead READ_AHEAD_KB plus one fetch (max.partition.fetch.bytes, 16 MB): ~32 MB,
+# not librdkafka's 64 MB and more, unless the spec's bus.client_config sets
+# queued.max.messages.kbytes (or fetch.wait.max.ms, below). More partitions than
+# KEPT_READERS served by one worker take turns: those read as before, a reader each.
 _READERS: dict[tuple[str, int], tuple[tuple[str, str, str, int], BusReader]] = {}
 KEPT_READERS = 8
 READ_AHEAD_KB = 16 * 1024
@@ -146,6 +149,9 @@ def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int,
     at those offsets). The result also says how long the task took, and its bus read
     (the batch log line: what of a batch is Spark's own)."""
     continues = handoff.continues(partition)
+    for other, worker in handoff.last_workers.items():  # readers that cannot read on now
+        if worker != worker_id():
+            _close_bus_reader(pipeline, other)
     _start_partition(pipeline, partition, kept=continues)
     with collector_paused():
         return _deliver_range(pipeline, handoff.checkpoints, partition, start, end,
@@ -212,7 +218,7 @@ def _deliver_range(pipeline: PipelineSpec, checkpoints: dict[str, Checkpoint | N
             close_sinks(pipeline.name)
         _close_bus_reader(pipeline, partition)
         raise
-    finally:  # a read stopped before its end leaves the reader to assign anew at its next range
+    finally:  # ends the read's generator (the reader itself is kept, or closed above)
         with contextlib.suppress(Exception):
             read.close()
     if any(not o.acked for o in result.outcomes):
@@ -259,14 +265,3 @@ class _TimedRead:
     def close(self) -> None:
         """End the bus read now, also when the slice failed before its end."""
         self._chunks.close()
-
-
-def read_bus_range(brokers: str, topic: str, partition: int, start: int, end: int,
-                   timeout_s: float = 60.0, client_config: dict[str, str] | None = None
-                   ) -> Generator[tuple[list[int], list[bytes]], None, None]:
-    """Offsets [start, end) of one partition, in offset order, as (offsets, values) chunks,
-    read with the bus's one reader (`tailrace.bus.BusReader`); `client_config`: the spec's
-    `bus.client_config` (SASL, TLS)."""
-    with BusReader(brokers, topic, client_id=f"tailrace-delivery-{topic}",
-                   client_config=client_config) as reader:
-        yield from reader.read_range(partition, start, end, timeout_s, READ_CHUNK)

@@ -5,7 +5,7 @@ long-lived planner process: they share nothing with the driver script and
 ask the control service. The start is the least advanced sink checkpoint;
 the end of each batch is the latest epoch, a cut that never splits a
 transaction. One bus partition = one Spark partition = one task. The task is
-`read`: it reads its partition's range of the bus itself (`executor.read_bus_range`),
+`read`: it reads its partition's range of the bus itself (a reader its worker keeps),
 delivers it to the sinks (`executor.deliver_range`) and yields one row, the outcome
 (`handoff.RESULT_SCHEMA`), which the driver collects and commits. So the events never
 pass through the JVM, and a task is one Python worker, which keeps its sinks' clients

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 def _read(reader: BusReader, start: int, end: int) -> list[tuple[int, bytes]]:
-    return [(o, v) for offsets, values in reader.read_range(0, start, end, timeout_s=30, chunk=7)
-            for o, v in zip(offsets, values, strict=True)]
+    chunks = reader.read_range(0, start, end, timeout_s=30, chunk=7, read_on=True)
+    return [(o, v) for offsets, values in chunks for o, v in zip(offsets, values, strict=True)]
 
 
 def test_a_kept_reader_reads_on_then_rewinds(kafka_broker: Any,
@@ -26,10 +26,10 @@ def test_a_kept_reader_reads_on_then_rewinds(kafka_broker: Any,
     ensure_topic(kafka_broker.bootstrap, topic, 1)
     producer = Producer(producer_config(kafka_broker.bootstrap, "test"))
 
-    def write(first: int, last: int) -> None:
-        for n in range(first, last):
+    def write(first: int, last: int) -> None:  # a batch each: the test broker gives a
+        for n in range(first, last):  # partition's end as one past its last batch's start
             producer.produce(topic, value=b"%d" % n, partition=0)
-        assert producer.flush(10) == 0
+            assert producer.flush(10) == 0
 
     write(0, 50)
     with BusReader(kafka_broker.bootstrap, topic) as reader:

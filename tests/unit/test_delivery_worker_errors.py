@@ -331,3 +331,61 @@ def test_a_worker_keeps_at_most_kept_readers_the_least_recently_used_closed() ->
     kept = [r for _, r in executor._READERS.values()]
     assert len(kept) == executor.KEPT_READERS
     assert readers[1] not in kept and readers[0] in kept
+
+
+class _FakeReader:
+    """A BusReader as `executor._bus_reader` makes it: what each range asked for."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        self.read_on: list[bool] = []
+        self.closed = False
+
+    def read_range(self, partition: int, start: int, end: int, timeout_s: float, chunk: int,
+                   read_on: bool = False) -> Iterator[tuple[list[int], list[bytes]]]:
+        self.read_on.append(read_on)
+        yield list(range(start, end)), [b""] * (end - start)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.usefixtures("_no_readers")
+def test_a_task_reads_on_only_where_its_worker_delivered_the_partitions_last_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """And a failed task closes its reader; a partition another worker took, that one's."""
+    from types import SimpleNamespace
+
+    from tailrace_services.delivery.handoff import BatchHandoff
+
+    failing: list[bool] = [False]
+
+    def deliver_slice(partition: int, read: Any, *_: Any, **__: Any) -> Any:
+        for _chunk in read:
+            pass
+        if failing[0]:
+            raise RuntimeError("a sink failed")
+        return SimpleNamespace(partition=partition, end_offset=0, epoch_position=None,
+                               events=0, outcomes=[], dead_letters=[])
+
+    monkeypatch.setattr(executor, "BusReader", _FakeReader)
+    monkeypatch.setattr(executor, "deliver_slice", deliver_slice)
+    monkeypatch.setattr(executor, "_sinks", lambda *_: [])
+    p, me = _pipeline(), worker_id()
+
+    def task(partition: int, last_workers: dict[int, str], attempt: int = 0) -> _FakeReader:
+        executor.deliver_range(p, BatchHandoff({}, last_workers, attempt), partition, 0, 2)
+        return executor._READERS[(p.name, partition)][1]  # type: ignore[return-value]
+
+    reader = task(0, {})  # a query's first batch
+    assert task(0, {0: me}) is reader  # this worker delivered the last one
+    task(0, {0: me}, attempt=1)  # a retried task: its first attempt may have read further
+    assert reader.read_on == [False, True, False]
+    again = task(0, {0: "another worker"})  # which read further than this reader
+    assert reader.closed and again is not reader and again.read_on == [False]
+    other = task(1, {})
+    task(0, {0: me, 1: "another worker"})  # 1's last batch is another worker's now
+    assert other.closed and (p.name, 1) not in executor._READERS
+    failing[0] = True
+    with pytest.raises(RuntimeError):
+        task(0, {0: me})
+    assert again.closed and (p.name, 0) not in executor._READERS
