@@ -157,6 +157,11 @@ class BusReader:
         self._read_up_to: dict[int, int] = {}
         """Per partition, where the last `read_range` ended, when the consumer handed out
         nothing after it: the next range from there may read on, without assigning anew."""
+        self._config = config
+        self._probe: Consumer | None = None
+        """A client of its own for `_still_past`: a query on the reading consumer's connection,
+        between its fetches, held back the fetches after it on the test broker (a read of
+        16,700 records 7 ms -> 108 ms with fetch.wait.max.ms 100, 508 ms with 500)."""
         try:  # creating a client does no I/O: a refusal is about the settings
             self._consumer = Consumer(config)
         except KafkaException as e:
@@ -207,10 +212,11 @@ class BusReader:
 
         With `read_on`, a range that starts where this reader's last one ended continues with
         what the consumer fetched meanwhile (a kept reader: `delivery.executor`), once the
-        broker says the partition still reaches the range's end: a bus that lost its records
-        since is read again, not from that fetch. Any other range assigns the partition anew."""
+        broker says the partition still goes on past `start`: a bus restarted empty since is
+        read again (and found lost), not served from that fetch. Any other range assigns the
+        partition anew."""
         if not (read_on and self._read_up_to.pop(partition, None) == start
-                and self._reaches(partition, end)):
+                and self._still_past(partition, start)):
             self.assign({partition: start})
         offsets: list[int] = []
         values: list[bytes] = []
@@ -275,11 +281,17 @@ class BusReader:
             return redact(str(e))
         return ""
 
-    def _reaches(self, partition: int, end: int) -> bool:
-        """Whether the broker answers that the partition ends at `end` or after it (a test
-        broker may answer less for its last batch: then no)."""
-        high = self._end_or_none(partition)
-        return high is not None and high >= end
+    def _still_past(self, partition: int, offset: int) -> bool:
+        """Whether the broker answers that the partition ends after `offset` (not whether it
+        reaches a range's end: the test broker answers one past its last batch's start)."""
+        if self._probe is None:
+            self._probe = Consumer(self._config)
+        try:
+            _, high = self._probe.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                        timeout=5.0)
+        except KafkaException:
+            return False  # not answered: assigned anew, the read's own timeout decides
+        return int(high) > offset
 
     def _end_or_none(self, partition: int) -> int | None:
         try:
@@ -307,6 +319,8 @@ class BusReader:
             yield from self.poll(batch, 0.05)
 
     def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
         self._consumer.close()
 
     def __enter__(self) -> Self:

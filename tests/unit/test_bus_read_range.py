@@ -49,7 +49,7 @@ class _Consumer:
 
 def _reader(batches: list[list[_Msg]]) -> BusReader:
     reader = BusReader("127.0.0.1:1", "t")
-    reader._consumer = _Consumer(batches)  # type: ignore[assignment]
+    reader._consumer = reader._probe = _Consumer(batches)  # type: ignore[assignment]
     return reader
 
 
@@ -126,11 +126,14 @@ def test_an_assignment_or_a_poll_in_between_assigns_anew() -> None:
 def test_a_partition_that_no_longer_reaches_the_range_is_read_again_not_from_the_fetch() -> None:
     """A bus that lost its records (a broker restarted empty) since the last range: what the
     consumer fetched before is not taken for the range."""
-    reader = _reader([[_Msg(0, b"a")], [_Msg(1, b"b")]])
+    reader = _reader([[_Msg(0, b"a")], [_Msg(1, b"b")], [_Msg(2, b"c")]])
     assert list(reader.read_range(0, 0, 1, read_on=True)) == [([0], [b"a"])]
-    reader._consumer.high = 1  # type: ignore[attr-defined]
+    reader._consumer.high = 2  # type: ignore[attr-defined]  # past the next range's start
     assert list(reader.read_range(0, 1, 2, read_on=True)) == [([1], [b"b"])]
-    assert _assigned(reader) == [0, 1]
+    assert _assigned(reader) == [0]
+    reader._consumer.high = 2  # type: ignore[attr-defined]  # not past it: restarted empty
+    assert list(reader.read_range(0, 2, 3, read_on=True)) == [([2], [b"c"])]
+    assert _assigned(reader) == [0, 2]
 
 
 def test_without_read_on_a_range_from_where_the_last_ended_assigns_anew() -> None:
