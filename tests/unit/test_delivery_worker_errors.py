@@ -4,6 +4,7 @@ worker's task leaves as it found it, and the checkpoints the driver hands to a b
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -287,18 +288,16 @@ def test_a_tasks_read_is_decoded_as_it_comes_and_closed_even_when_decoding_fails
     assert closed == [True]
 
 
-def _pipeline(name: str = "p", client_config: str = "{}") -> Any:
+def _pipeline(client_config: dict[str, str] | None = None) -> Any:
+    """A pipeline whose bus is on a port nothing listens on (its clients make no I/O here)."""
     from tailrace.config import parse_pipeline
 
-    return parse_pipeline(f"""
-apiVersion: tailrace/v1
-kind: Pipeline
-metadata: {{name: {name}}}
-spec:
-  source: {{type: postgres, id: syn, dsn: "host=unused", tables: [public.items]}}
-  sinks: [{{id: r, type: redis, url: "redis://127.0.0.1:1"}}]
-  bus: {{brokers: "127.0.0.1:1", client_config: {client_config}}}
-""")
+    return parse_pipeline(json.dumps({
+        "apiVersion": "tailrace/v1", "kind": "Pipeline", "metadata": {"name": "p"},
+        "spec": {"source": {"type": "postgres", "id": "syn", "dsn": "host=unused",
+                            "tables": ["public.items"]},
+                 "sinks": [{"id": "r", "type": "redis", "url": "redis://127.0.0.1:1"}],
+                 "bus": {"brokers": "127.0.0.1:1", "client_config": client_config or {}}}}))
 
 
 @pytest.fixture
@@ -318,7 +317,7 @@ def test_a_worker_keeps_its_bus_reader_per_partition_until_the_generation_change
     renewed = executor._bus_reader(p, 0, generation=1)  # the bus was republished: new offsets
     assert renewed is not first
     assert [r for _, r in executor._READERS.values()].count(first) == 0
-    changed = _pipeline(client_config='{"client.rack": "b"}')  # a new spec's bus settings
+    changed = _pipeline({"client.rack": "b"})  # a new spec's bus settings
     assert executor._bus_reader(changed, 0, generation=1) is not renewed
 
 
