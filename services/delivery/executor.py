@@ -113,30 +113,32 @@ def _bus_reader(pipeline: PipelineSpec, partition: int, generation: int) -> BusR
     bus = pipeline.spec.bus
     settings = (bus.brokers, pipeline.bus_topic, json.dumps(bus.client_config, sort_keys=True),
                 generation)
-    kept = _READERS.pop((pipeline.name, partition), None)
+    key = (pipeline.name, partition)
+    kept = _READERS.get(key)
     if kept is not None and kept[0] == settings:
-        _READERS[(pipeline.name, partition)] = kept  # the most recently used now
+        _READERS[key] = _READERS.pop(key)  # the most recently used now
         return kept[1]
-    if kept is not None:
-        with contextlib.suppress(Exception):
-            kept[1].close()
+    _close_bus_reader(pipeline, partition)
     while len(_READERS) >= KEPT_READERS:
-        with contextlib.suppress(Exception):
-            _READERS.pop(next(iter(_READERS)))[1].close()
+        _close_quietly(_READERS.pop(next(iter(_READERS)))[1])
     reader = BusReader(bus.brokers, pipeline.bus_topic,
                        client_id=f"tailrace-delivery-{pipeline.bus_topic}",
                        client_config={"queued.max.messages.kbytes": str(READ_AHEAD_KB),
                                       "fetch.wait.max.ms": str(FETCH_WAIT_MS),
                                       **bus.client_config})
-    _READERS[(pipeline.name, partition)] = settings, reader
+    _READERS[key] = settings, reader
     return reader
 
 
 def _close_bus_reader(pipeline: PipelineSpec, partition: int) -> None:
     kept = _READERS.pop((pipeline.name, partition), None)
     if kept is not None:
-        with contextlib.suppress(Exception):
-            kept[1].close()
+        _close_quietly(kept[1])
+
+
+def _close_quietly(reader: BusReader) -> None:
+    with contextlib.suppress(Exception):  # a client that failed is dropped all the same
+        reader.close()
 
 
 def deliver_range(pipeline: PipelineSpec, handoff: BatchHandoff, partition: int, start: int,
