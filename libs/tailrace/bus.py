@@ -154,8 +154,8 @@ class BusReader:
         self.topic = topic
         self.at_end: set[int] = set()
         """Partitions read to their end (no record since the broker said so)."""
-        self._read_up_to: dict[int, int] = {}
-        """Per partition, where the last `read_range` ended, when the consumer handed out
+        self._read_up_to: tuple[int, int] | None = None
+        """(partition, offset) where the last `read_range` ended, when the consumer handed out
         nothing after it: the next range from there may read on, without assigning anew."""
         self._config = config
         self._probe: Consumer | None = None
@@ -172,14 +172,14 @@ class BusReader:
         """Read partition p from offset starts[p] on (and no other partition)."""
         self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
         self.at_end = set()
-        self._read_up_to = {}
+        self._read_up_to = None
 
     def poll(self, max_messages: int = 10_000, timeout_s: float = 0.5) -> list[BusMessage]:
         """What arrived within `timeout_s`, in offset order per partition."""
         return self._consume(max_messages, timeout_s)
 
     def _consume(self, max_messages: int, timeout_s: float) -> list[BusMessage]:
-        self._read_up_to = {}  # what it hands out moves the consumer on
+        self._read_up_to = None  # what it hands out moves the consumer on
         out = []
         for msg in self._consumer.consume(max_messages, timeout_s):
             # confluent-kafka types these as optional (an error event may lack them); records
@@ -215,9 +215,10 @@ class BusReader:
         broker says the partition still goes on past `start`: a bus restarted empty since is
         read again (and found lost), not served from that fetch. Any other range assigns the
         partition anew."""
-        if not (read_on and self._read_up_to.pop(partition, None) == start
+        if not (read_on and self._read_up_to == (partition, start)
                 and self._still_past(partition, start)):
             self.assign({partition: start})
+        self._read_up_to = None  # until this range ends
         offsets: list[int] = []
         values: list[bytes] = []
         next_offset = start
@@ -261,13 +262,16 @@ class BusReader:
         if offsets:
             yield offsets, values
         if not handed_past_end:
-            self._read_up_to[partition] = end
+            self._read_up_to = partition, end
 
     def end_offset(self, partition: int, timeout_s: float = 20.0) -> int:
         """The offset after the partition's last record now (its high watermark)."""
+        return self._high_watermark(self._consumer, partition, timeout_s)
+
+    def _high_watermark(self, client: Consumer, partition: int, timeout_s: float) -> int:
         try:
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=timeout_s)
+            _, high = client.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                   timeout=timeout_s)
         except KafkaException as e:
             raise BusReadError(f"bus {self.topic}[{partition}]: {redact(str(e))}") from None
         return int(high)
@@ -287,11 +291,9 @@ class BusReader:
         if self._probe is None:
             self._probe = Consumer(self._config)
         try:
-            _, high = self._probe.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                        timeout=5.0)
-        except KafkaException:
+            return self._high_watermark(self._probe, partition, 5.0) > offset
+        except BusReadError:
             return False  # not answered: assigned anew, the read's own timeout decides
-        return int(high) > offset
 
     def _end_or_none(self, partition: int) -> int | None:
         try:
